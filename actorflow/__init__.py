@@ -1,0 +1,33 @@
+"""actorflow: an actor-model dataflow runtime in the OneFlow style.
+
+Build a graph of ops placed on devices, ``compile`` it into a Plan of actors, and ``run``
+it on trio with streams, events and register quotas::
+
+    import actorflow as af
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(32, 64), device="cpu:0")
+        af.output("y", af.ops.relu(x))
+    plan = af.compile(g, quota=2)
+    out = af.run(plan, {"x": xs})
+"""
+
+from . import ops
+from .compiler import compile
+from .errors import (
+    ActorflowError,
+    CompileError,
+    DeadlockError,
+    FeedError,
+    GraphError,
+    PlanSerializationError,
+    StallError,
+)
+from .graph import Graph, Tensor, output, parameter, placeholder
+from .plan import Plan
+from .runtime import Runtime, Session, run
+
+__all__ = [
+    "ActorflowError", "CompileError", "DeadlockError", "FeedError", "Graph", "GraphError",
+    "Plan", "PlanSerializationError", "Runtime", "Session", "StallError", "Tensor",
+    "compile", "ops", "output", "parameter", "placeholder", "run",
+]

@@ -1,0 +1,40 @@
+"""The compiler: a fixed, visible list of passes from a logical graph to a Plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..graph.ir import Graph, Tensor
+from ..plan import Plan
+from .check import check
+from .collective_order import order_collectives
+from .events import insert_events
+from .expand import expand
+from .priorities import assign_priorities
+from .registers import plan_registers
+from .streams import assign_streams
+
+
+def compile(
+    graph: Graph,
+    *,
+    quota: int = 2,
+    quotas: Mapping[str | Tensor, int] | None = None,
+    priority: bool = True,
+) -> Plan:
+    """Lower ``graph`` into a Plan.
+
+    quota: buffers per register (default for all); quotas: per-tensor overrides, keyed by
+    tensor or tensor name; priority: compute-first launch order (False: topological only).
+    """
+    overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
+    plan = expand(graph)
+    plan = assign_streams(plan)
+    plan = order_collectives(plan)
+    plan = insert_events(plan)
+    plan = plan_registers(plan, quota, overrides)
+    plan = assign_priorities(plan, enabled=priority)
+    return check(plan)
+
+
+__all__ = ["compile", "check", "expand"]

@@ -1,0 +1,104 @@
+"""expand: the logical graph -> actors and registers, one actor per op per device.
+
+Ops that no output depends on are dropped. A collective becomes one actor per
+participating device; ``to_device`` becomes a copy actor; placeholders and outputs become
+feed and fetch actors at the host's edge; parameters become registers with no producer.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..graph.ir import Graph, Node
+from ..ops.registry import lookup
+from ..plan import Actor, Collective, Consumer, Feed, Input, Output, Parameter, Plan, Register
+
+
+def expand(graph: Graph) -> Plan:
+    live = _live_nodes(graph)
+    actors: list[Actor] = []
+    registers: list[Register] = []
+    collectives: list[Collective] = []
+    feeds, outputs, parameters = [], [], []
+    register_of: dict[tuple[int, int], int] = {}
+
+    def new_register(producer: int, node: Node, index: int) -> int:
+        meta = node.outputs[index]
+        reg = Register(len(registers), meta.name, producer, meta.device, meta.shape, meta.dtype)
+        registers.append(reg)
+        register_of[(node.id, index)] = reg.id
+        return reg.id
+
+    def new_actor(node: Node, name: str, device: str, ins: list, outs: list[int], group=-1) -> int:
+        opdef = lookup(node.op)
+        actor = Actor(
+            id=len(actors),
+            name=name,
+            kind=opdef.kind,
+            op=node.op,
+            kernel=opdef.kernel,
+            attrs=node.attrs,
+            device=device,
+            inputs=tuple(Input(register_of[ref]) for ref in ins),
+            outputs=tuple(new_register(len(actors), node, k) for k in outs),
+            group=group,
+            where=node.where,
+        )
+        actors.append(actor)
+        return actor.id
+
+    for node in graph.nodes:
+        if node.id not in live:
+            continue
+        kind = lookup(node.op).kind
+        if kind == "parameter":
+            reg = new_register(-1, node, 0)
+            parameters.append(Parameter(node.name, reg, node.attrs["value"]))
+        elif kind == "collective":
+            participants = []
+            group = len(collectives)
+            for device in _participant_devices(graph, node):
+                ins = [ref for ref in node.inputs if graph.meta(ref).device == device]
+                outs = [k for k, m in enumerate(node.outputs) if m.device == device]
+                name = f"{node.name}[{device}]"
+                participants.append(new_actor(node, name, device, ins, outs, group))
+            collectives.append(Collective(group, node.name, node.op, tuple(participants)))
+        else:
+            device = node.outputs[0].device if node.outputs else graph.meta(node.inputs[0]).device
+            actor = new_actor(node, node.name, device, list(node.inputs), list(range(len(node.outputs))))
+            if kind == "feed":
+                meta = node.outputs[0]
+                feeds.append(Feed(node.name, actor, meta.shape, meta.dtype))
+            elif kind == "fetch":
+                outputs.append(Output(node.name, actor))
+
+    consumers: dict[int, list[Consumer]] = {r.id: [] for r in registers}
+    for actor in actors:
+        for slot, i in enumerate(actor.inputs):
+            consumers[i.register].append(Consumer(actor.id, slot))
+    registers = [attrs.evolve(r, consumers=tuple(consumers[r.id])) for r in registers]
+    return Plan(
+        actors=tuple(actors),
+        registers=tuple(registers),
+        collectives=tuple(collectives),
+        feeds=tuple(feeds),
+        outputs=tuple(outputs),
+        parameters=tuple(parameters),
+    )
+
+
+def _participant_devices(graph: Graph, node: Node) -> list[str]:
+    devices = [graph.meta(ref).device for ref in node.inputs] + [m.device for m in node.outputs]
+    return list(dict.fromkeys(devices))
+
+
+def _live_nodes(graph: Graph) -> set[int]:
+    """Nodes some output depends on; a collective is live if any of its results is used."""
+    live: set[int] = set()
+    stack = [n.id for n in graph.nodes if n.op == "fetch"]
+    while stack:
+        node = stack.pop()
+        if node not in live:
+            live.add(node)
+            stack.extend(ref[0] for ref in graph.nodes[node].inputs)
+    return live

@@ -1,0 +1,32 @@
+"""plan registers: a quota per register (the default, or a per-tensor override), and the
+planned memory per device: every buffer is allocated once, so the peak is the total."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from ..errors import CompileError
+from ..plan import Plan
+
+
+def plan_registers(plan: Plan, quota: int, quotas: Mapping[str, int] | None = None) -> Plan:
+    quotas = dict(quotas or {})
+    names = {r.name for r in plan.registers if not r.is_parameter}
+    unknown = sorted(set(quotas) - names)
+    if unknown:
+        raise CompileError(
+            f"quotas name tensors the plan does not hold: {unknown} (known: {sorted(names)})"
+        )
+    for name, q in [("quota", quota), *quotas.items()]:
+        if not isinstance(q, int) or isinstance(q, bool) or q < 1:
+            raise CompileError(f"{name}: a quota is an int >= 1, got {q!r}")
+    registers = tuple(
+        attrs.evolve(r, quota=1 if r.is_parameter else quotas.get(r.name, quota))
+        for r in plan.registers
+    )
+    memory: dict[str, int] = {}
+    for r in registers:
+        memory[r.device] = memory.get(r.device, 0) + r.nbytes * r.quota
+    return attrs.evolve(plan, registers=registers, memory=memory)

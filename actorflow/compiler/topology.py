@@ -1,0 +1,92 @@
+"""The actor DAG as the passes see it: a collective's participants form one unit, since they
+run as one kernel."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping
+
+from ..plan import Plan
+
+Edges = Mapping[int, Iterable[int]]
+
+
+def unit_of(plan: Plan) -> dict[int, int]:
+    """Actor id -> unit id: the first participant's id for collectives, else the actor's own."""
+    unit = {a.id: a.id for a in plan.actors}
+    for coll in plan.collectives:
+        for a in coll.actors:
+            unit[a] = coll.actors[0]
+    return unit
+
+
+def data_edges(plan: Plan) -> dict[int, set[int]]:
+    """Producer unit -> consumer units, over non-parameter registers."""
+    unit = unit_of(plan)
+    edges: dict[int, set[int]] = {u: set() for u in unit.values()}
+    for reg in plan.registers:
+        if reg.is_parameter:
+            continue
+        for c in reg.consumers:
+            if unit[c.actor] != unit[reg.producer]:
+                edges[unit[reg.producer]].add(unit[c.actor])
+    return edges
+
+
+def topological_order(edges: Edges) -> list[int]:
+    """Kahn's algorithm, smallest ready id first, so the order is deterministic."""
+    indegree = {u: 0 for u in edges}
+    for u in edges:
+        for v in edges[u]:
+            indegree[v] += 1
+    ready = [u for u, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        u = heapq.heappop(ready)
+        order.append(u)
+        for v in edges[u]:
+            indegree[v] -= 1
+            if indegree[v] == 0:
+                heapq.heappush(ready, v)
+    if len(order) != len(indegree):
+        raise ValueError("the graph has a cycle")
+    return order
+
+
+def descendants(edges: Edges) -> dict[int, int]:
+    """Unit -> bitset (a Python int) of the units reachable from it by a path of length >= 1."""
+    reach: dict[int, int] = {}
+    for u in reversed(topological_order(edges)):
+        bits = 0
+        for v in edges[u]:
+            bits |= (1 << v) | reach[v]
+        reach[u] = bits
+    return reach
+
+
+def find_cycle(edges: Edges) -> list[int] | None:
+    """One cycle as a list of nodes (first == last), or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(edges, WHITE)
+    for root in edges:
+        if color[root] != WHITE:
+            continue
+        stack = [(root, iter(edges[root]))]
+        path = [root]
+        color[root] = GREY
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if color.get(child, WHITE) == GREY:
+                    return path[path.index(child) :] + [child]
+                if color.get(child, WHITE) == WHITE:
+                    color[child] = GREY
+                    path.append(child)
+                    stack.append((child, iter(edges.get(child, ()))))
+                    break
+            else:
+                color[node] = BLACK
+                path.pop()
+                stack.pop()
+    return None

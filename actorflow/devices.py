@@ -1,0 +1,15 @@
+"""Device names: ``cpu:N`` are virtual CPU devices living in this process."""
+
+import re
+
+_DEVICE = re.compile(r"^(cpu):(\d+)$")
+
+
+def parse_device(device: str) -> str:
+    """Return the canonical name of ``device`` or raise ValueError saying what is accepted."""
+    if not isinstance(device, str):
+        raise ValueError(f"a device is a string like 'cpu:0', not {device!r}")
+    match = _DEVICE.match(device.strip())
+    if match is None:
+        raise ValueError(f"unknown device {device!r}: devices are 'cpu:N' (N = 0, 1, ...)")
+    return f"{match.group(1)}:{int(match.group(2))}"

@@ -1,0 +1,29 @@
+"""The exceptions actorflow raises, one per kind of mistake, so callers can catch precisely."""
+
+
+class ActorflowError(Exception):
+    """Base class of every error actorflow raises on its own account."""
+
+
+class GraphError(ActorflowError, ValueError):
+    """A graph was built wrong: shapes, dtypes, devices or names that don't fit."""
+
+
+class CompileError(ActorflowError):
+    """The compiler could not turn a graph into a runnable Plan."""
+
+
+class DeadlockError(CompileError):
+    """The Plan's wait-for graph has a cycle: running it could hang."""
+
+
+class PlanSerializationError(ActorflowError, ValueError):
+    """A Plan could not be written to bytes or read back."""
+
+
+class FeedError(ActorflowError, ValueError):
+    """The feeds given to a run don't match the Plan's placeholders."""
+
+
+class StallError(ActorflowError, RuntimeError):
+    """No actor made progress for the stall timeout."""

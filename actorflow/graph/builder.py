@@ -1,0 +1,127 @@
+"""Building graphs: the user-facing constructors and the one place nodes are added."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..devices import parse_device
+from ..errors import GraphError
+from .ir import Node, Tensor, TensorMeta, current_graph
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost caller outside actorflow: where the user built the op."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
+        _PACKAGE_DIR
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def fail(op: str, message: str) -> GraphError:
+    """The error for a bad op, naming the op and the user's line; the caller raises it."""
+    return GraphError(f"{op}: {message} (at {user_line()})")
+
+
+def check_inputs(op: str, inputs: Sequence[Any]) -> None:
+    graph = current_graph()
+    for t in inputs:
+        if not isinstance(t, Tensor):
+            raise fail(op, f"expected a tensor, got {type(t).__name__}")
+        if t.graph is not graph:
+            raise fail(op, f"tensor {t.name!r} belongs to another graph")
+
+
+def add_node(
+    op: str,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[tuple[tuple[int, ...], str, str]],
+    attrs: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> list[Tensor]:
+    """Add one node; ``outputs`` are (shape, dtype, device) triples; returns their tensors."""
+    check_inputs(op, inputs)
+    graph = current_graph()
+    try:
+        name = graph.unique_name(name, op)
+    except ValueError as e:
+        raise fail(op, str(e)) from None
+    metas = tuple(
+        TensorMeta(
+            tuple(int(d) for d in shape),
+            dtype,
+            device,
+            name if len(outputs) == 1 else f"{name}:{k}",
+        )
+        for k, (shape, dtype, device) in enumerate(outputs)
+    )
+    node = Node(
+        id=len(graph.nodes),
+        name=name,
+        op=op,
+        inputs=tuple((t.node, t.index) for t in inputs),
+        attrs=dict(attrs or {}),
+        outputs=metas,
+        where=user_line(),
+    )
+    graph.nodes.append(node)
+    return [Tensor(graph, node.id, k, meta) for k, meta in enumerate(metas)]
+
+
+def device_of(op: str, device: str) -> str:
+    try:
+        return parse_device(device)
+    except ValueError as e:
+        raise fail(op, str(e)) from None
+
+
+def dtype_of(op: str, dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError as e:
+        raise fail(op, f"unknown dtype {dtype!r}: {e}") from None
+
+
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: str = "cpu:0"
+) -> Tensor:
+    """A tensor fed by the caller at each iteration, under ``name``."""
+    shape = tuple(shape)
+    if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        raise fail("placeholder", f"{name!r}: shape {shape} must hold non-negative ints")
+    (t,) = add_node(
+        "feed",
+        [],
+        [(shape, dtype_of("placeholder", dtype), device_of("placeholder", device))],
+        name=name,
+    )
+    return t
+
+
+def parameter(name: str, value: Any, device: str = "cpu:0") -> Tensor:
+    """A tensor that lives on its device across iterations, starting at ``value``."""
+    value = np.array(value)
+    (t,) = add_node(
+        "parameter",
+        [],
+        [(value.shape, value.dtype.name, device_of("parameter", device))],
+        attrs={"value": value},
+        name=name,
+    )
+    return t
+
+
+def output(name: str, tensor: Tensor) -> None:
+    """Return ``tensor`` from each iteration under ``name``."""
+    check_inputs("output", [tensor])
+    add_node("fetch", [tensor], [], name=name)

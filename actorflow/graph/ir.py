@@ -1,0 +1,107 @@
+"""The logical graph: ops on tensors, each tensor placed on one device."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+import attrs
+
+from ..errors import GraphError
+
+
+@attrs.frozen
+class TensorMeta:
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    name: str
+
+
+@attrs.frozen
+class Node:
+    """One op application. ``inputs`` are (node id, output index) pairs; ``where`` is the user's line."""
+
+    id: int
+    name: str
+    op: str
+    inputs: tuple[tuple[int, int], ...]
+    attrs: dict[str, Any]
+    outputs: tuple[TensorMeta, ...]
+    where: str
+
+
+@attrs.frozen(eq=False)
+class Tensor:
+    """A handle on one output of a node, as the user holds it while building."""
+
+    graph: Graph = attrs.field(repr=False)
+    node: int
+    index: int
+    meta: TensorMeta
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.meta.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.meta.dtype
+
+    @property
+    def device(self) -> str:
+        return self.meta.device
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def ndim(self) -> int:
+        return len(self.meta.shape)
+
+
+class Graph:
+    """The ops a user built, in build order (a topological order by construction).
+
+    Use it as a context manager: ops created inside ``with af.Graph() as g:`` land in ``g``.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self._names: set[str] = set()
+        self._token = None
+
+    def __enter__(self) -> Graph:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
+
+    def node_of(self, tensor: Tensor) -> Node:
+        return self.nodes[tensor.node]
+
+    def meta(self, ref: tuple[int, int]) -> TensorMeta:
+        return self.nodes[ref[0]].outputs[ref[1]]
+
+    def unique_name(self, name: str | None, op: str) -> str:
+        if name is None:
+            name = f"{op}_{len(self.nodes)}"
+        elif name in self._names:
+            raise ValueError(f"the name {name!r} is used twice in this graph")
+        self._names.add(name)
+        return name
+
+    def by_op(self, op: str) -> list[Node]:
+        return [n for n in self.nodes if n.op == op]
+
+
+_current: ContextVar[Graph | None] = ContextVar("actorflow_graph", default=None)
+
+
+def current_graph() -> Graph:
+    graph = _current.get()
+    if graph is None:
+        raise GraphError("no graph is being built: create ops inside `with af.Graph() as g:`")
+    return graph

@@ -1,0 +1,110 @@
+"""Collectives over one tensor per device: one actor per participating device, run together
+on the collective stream."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..graph.builder import add_node, check_inputs, device_of, fail
+from ..graph.ir import Tensor
+from . import kernels
+from .registry import register
+
+for _name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"):
+    register(_name, "collective", getattr(kernels, _name))
+
+
+def _group(op: str, tensors: Sequence[Tensor]) -> list[Tensor]:
+    tensors = list(tensors)
+    check_inputs(op, tensors)
+    if not tensors:
+        raise fail(op, "needs one tensor per device, got none")
+    devices = [t.device for t in tensors]
+    if len(set(devices)) != len(devices):
+        raise fail(op, f"needs one tensor per device, got devices {devices}")
+    first = tensors[0]
+    for t in tensors[1:]:
+        if (t.shape, t.dtype) != (first.shape, first.dtype):
+            raise fail(
+                op,
+                f"tensors differ: {first.dtype}{list(first.shape)} on {first.device} vs "
+                f"{t.dtype}{list(t.shape)} on {t.device}",
+            )
+    return tensors
+
+
+def _axis(op: str, axis: int, ndim: int) -> int:
+    if not -ndim <= axis < ndim:
+        raise fail(op, f"axis {axis} is out of range for tensors of {ndim} dims")
+    return axis % ndim
+
+
+def _collective(op, tensors, shape, attrs, name) -> list[Tensor]:
+    outputs = [(shape, t.dtype, t.device) for t in tensors]
+    return add_node(op, tensors, outputs, attrs, name)
+
+
+def all_reduce(tensors: Sequence[Tensor], op: str = "sum", *, name: str | None = None) -> list[Tensor]:
+    """Reduce (sum, mean or max) elementwise over devices; every device gets the result."""
+    tensors = _group("all_reduce", tensors)
+    if op not in ("sum", "mean", "max"):
+        raise fail("all_reduce", f"op {op!r} is not one of 'sum', 'mean', 'max'")
+    return _collective("all_reduce", tensors, tensors[0].shape, {"op": op}, name)
+
+
+def all_gather(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None) -> list[Tensor]:
+    """Concatenate every device's tensor along ``axis``, in device order; every device gets it."""
+    tensors = _group("all_gather", tensors)
+    axis = _axis("all_gather", axis, tensors[0].ndim)
+    shape = list(tensors[0].shape)
+    shape[axis] *= len(tensors)
+    return _collective("all_gather", tensors, tuple(shape), {"axis": axis}, name)
+
+
+def reduce_scatter(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None) -> list[Tensor]:
+    """Sum over devices, then device k keeps the k-th of n equal chunks along ``axis``."""
+    tensors = _group("reduce_scatter", tensors)
+    axis = _axis("reduce_scatter", axis, tensors[0].ndim)
+    shape = list(tensors[0].shape)
+    if shape[axis] % len(tensors):
+        raise fail(
+            "reduce_scatter",
+            f"dim {axis} of {tuple(shape)} does not split into {len(tensors)} equal chunks",
+        )
+    shape[axis] //= len(tensors)
+    return _collective("reduce_scatter", tensors, tuple(shape), {"axis": axis}, name)
+
+
+def all_to_all(
+    tensors: Sequence[Tensor],
+    split_axis: int = 0,
+    concat_axis: int = 0,
+    *,
+    name: str | None = None,
+) -> list[Tensor]:
+    """Device i sends the k-th chunk (along ``split_axis``) of its tensor to device k, which
+    concatenates what it receives along ``concat_axis``, in device order."""
+    tensors = _group("all_to_all", tensors)
+    ndim, n = tensors[0].ndim, len(tensors)
+    split_axis = _axis("all_to_all", split_axis, ndim)
+    concat_axis = _axis("all_to_all", concat_axis, ndim)
+    shape = list(tensors[0].shape)
+    if shape[split_axis] % n:
+        raise fail(
+            "all_to_all",
+            f"dim {split_axis} of {tuple(shape)} does not split into {n} equal chunks",
+        )
+    shape[split_axis] //= n
+    shape[concat_axis] *= n
+    attrs = {"split_axis": split_axis, "concat_axis": concat_axis}
+    return _collective("all_to_all", tensors, tuple(shape), attrs, name)
+
+
+def broadcast(tensor: Tensor, devices: Sequence[str], *, name: str | None = None) -> list[Tensor]:
+    """``tensor`` on each of ``devices`` (one result per device, in that order)."""
+    check_inputs("broadcast", [tensor])
+    targets = [device_of("broadcast", d) for d in devices]
+    if not targets or len(set(targets)) != len(targets):
+        raise fail("broadcast", f"needs distinct target devices, got {list(devices)}")
+    outputs = [(tensor.shape, tensor.dtype, d) for d in targets]
+    return add_node("broadcast", [tensor], outputs, {}, name)

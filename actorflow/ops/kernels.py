@@ -1,0 +1,181 @@
+"""The numpy kernels behind every op.
+
+A kernel is ``kernel(ins, outs, **attrs)``: it reads the input arrays and writes into the
+preallocated output arrays (``out=``), so a run allocates no register memory. Collective
+kernels get the inputs and outputs of all participants, in participant order. The Plan
+names kernels by import path, so each one is a module-level function.
+"""
+
+import math
+
+import numpy as np
+
+
+def matmul(ins, outs):
+    np.matmul(ins[0], ins[1], out=outs[0])
+
+
+def add(ins, outs):
+    np.add(ins[0], ins[1], out=outs[0])
+
+
+def sub(ins, outs):
+    np.subtract(ins[0], ins[1], out=outs[0])
+
+
+def mul(ins, outs):
+    np.multiply(ins[0], ins[1], out=outs[0])
+
+
+def div(ins, outs):
+    np.divide(ins[0], ins[1], out=outs[0])
+
+
+def relu(ins, outs):
+    np.maximum(ins[0], 0, out=outs[0])
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def gelu(ins, outs):
+    """The tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    x, out = ins[0], outs[0]
+    np.multiply(x, x, out=out)
+    out *= x
+    out *= 0.044715
+    out += x
+    out *= _GELU_C
+    np.tanh(out, out=out)
+    out += 1
+    out *= x
+    out *= 0.5
+
+
+def tanh(ins, outs):
+    np.tanh(ins[0], out=outs[0])
+
+
+def exp(ins, outs):
+    np.exp(ins[0], out=outs[0])
+
+
+def log(ins, outs):
+    np.log(ins[0], out=outs[0])
+
+
+def softmax(ins, outs, axis):
+    x, out = ins[0], outs[0]
+    np.subtract(x, x.max(axis=axis, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+
+
+def reduce_sum(ins, outs, axis, keepdims):
+    np.sum(ins[0], axis=axis, keepdims=keepdims, out=outs[0])
+
+
+def reduce_mean(ins, outs, axis, keepdims):
+    np.mean(ins[0], axis=axis, keepdims=keepdims, out=outs[0])
+
+
+def reduce_max(ins, outs, axis, keepdims):
+    np.max(ins[0], axis=axis, keepdims=keepdims, out=outs[0])
+
+
+def reshape(ins, outs):
+    np.copyto(outs[0], ins[0].reshape(outs[0].shape))
+
+
+def transpose(ins, outs, perm):
+    np.copyto(outs[0], ins[0].transpose(perm))
+
+
+def concat(ins, outs, axis):
+    np.concatenate(ins, axis=axis, out=outs[0])
+
+
+def split(ins, outs, axis):
+    start = 0
+    for out in outs:
+        stop = start + out.shape[axis]
+        np.copyto(out, _window(ins[0], start, stop, axis))
+        start = stop
+
+
+def _window(x, start, stop, axis):
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop)
+    return x[tuple(index)]
+
+
+def slice_(ins, outs, begin):
+    index = tuple(slice(b, b + n) for b, n in zip(begin, outs[0].shape))
+    np.copyto(outs[0], ins[0][index])
+
+
+def call(ins, outs, fn):
+    """Run a user's numpy function and check that it returned what the graph promised."""
+    result = np.asarray(fn(*ins))
+    out = outs[0]
+    if result.shape != out.shape:
+        raise ValueError(
+            f"{getattr(fn, '__qualname__', fn)} returned shape {result.shape}, "
+            f"but the graph declared {out.shape}"
+        )
+    np.copyto(out, result, casting="same_kind")
+
+
+def copy(ins, outs):
+    """A device-to-device copy, a feed from the host, or the like: one array into another."""
+    np.copyto(outs[0], ins[0])
+
+
+def fetch(ins, outs):
+    """Device-to-host: hand the host a copy it may keep, since the register will be reused."""
+    return ins[0].copy()
+
+
+_REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum}
+
+
+def all_reduce(ins, outs, op):
+    acc = outs[0]
+    np.copyto(acc, ins[0])
+    for x in ins[1:]:
+        _REDUCERS[op](acc, x, out=acc)
+    if op == "mean":
+        acc /= len(ins)
+    for out in outs[1:]:
+        np.copyto(out, acc)
+
+
+def all_gather(ins, outs, axis):
+    np.concatenate(ins, axis=axis, out=outs[0])
+    for out in outs[1:]:
+        np.copyto(out, outs[0])
+
+
+def _chunk(x, k, n, axis):
+    size = x.shape[axis] // n
+    return _window(x, k * size, (k + 1) * size, axis)
+
+
+def reduce_scatter(ins, outs, axis):
+    n = len(ins)
+    for k, out in enumerate(outs):
+        np.copyto(out, _chunk(ins[0], k, n, axis))
+        for x in ins[1:]:
+            np.add(out, _chunk(x, k, n, axis), out=out)
+
+
+def broadcast(ins, outs):
+    for out in outs:
+        np.copyto(out, ins[0])
+
+
+def all_to_all(ins, outs, split_axis, concat_axis):
+    n = len(ins)
+    for k, out in enumerate(outs):
+        pieces = [_chunk(x, k, n, split_axis) for x in ins]
+        np.concatenate(pieces, axis=concat_axis, out=out)

@@ -1,0 +1,276 @@
+"""The Plan: everything the compiler decided, as frozen data the runtime executes.
+
+The compiler and the runtime share nothing but these classes. A Plan round-trips through
+msgpack: kernels and user functions travel as import paths, arrays as raw bytes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, get_origin
+
+import attrs
+import cattrs
+import msgpack
+import numpy as np
+
+from .errors import PlanSerializationError
+
+Kernel = Callable[..., Any]
+
+FORMAT_VERSION = 1
+
+
+@attrs.frozen
+class Stream:
+    """An in-order queue of kernels: a device's compute or copy stream, or a rank's collective stream."""
+
+    id: int
+    name: str
+    kind: str
+    device: str
+
+
+@attrs.frozen
+class Input:
+    """One input of an actor. ``event``: the actor's stream waits on the producer's event first."""
+
+    register: int
+    event: bool = False
+
+
+@attrs.frozen
+class Consumer:
+    actor: int
+    slot: int
+
+
+@attrs.frozen
+class Register:
+    """An actor output: ``quota`` buffers of one shape and dtype on one device.
+
+    A parameter's register has no producer (``producer == -1``): it holds one buffer
+    that is always readable and takes no part in the credit protocol.
+    """
+
+    id: int
+    name: str
+    producer: int
+    device: str
+    shape: tuple[int, ...]
+    dtype: str
+    consumers: tuple[Consumer, ...] = ()
+    quota: int = 1
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    @property
+    def is_parameter(self) -> bool:
+        return self.producer < 0
+
+
+@attrs.frozen
+class Actor:
+    """One physical op instance on one device: it reads its inputs and writes its outputs."""
+
+    id: int
+    name: str
+    kind: str
+    op: str
+    kernel: Kernel
+    attrs: dict[str, Any]
+    device: str
+    inputs: tuple[Input, ...]
+    outputs: tuple[int, ...]
+    stream: int = -1
+    priority: int = 0
+    group: int = -1
+    where: str = ""
+
+
+@attrs.frozen
+class Collective:
+    """The actors (one per participating device) that run one collective together."""
+
+    id: int
+    name: str
+    op: str
+    actors: tuple[int, ...]
+
+
+@attrs.frozen
+class Feed:
+    name: str
+    actor: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@attrs.frozen
+class Output:
+    name: str
+    actor: int
+
+
+@attrs.frozen
+class Parameter:
+    name: str
+    register: int
+    value: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=np.array_equal))
+
+
+@attrs.frozen
+class Plan:
+    """``collectives`` is in the one global order the collective stream runs them in."""
+
+    actors: tuple[Actor, ...]
+    registers: tuple[Register, ...]
+    streams: tuple[Stream, ...] = ()
+    collectives: tuple[Collective, ...] = ()
+    feeds: tuple[Feed, ...] = ()
+    outputs: tuple[Output, ...] = ()
+    parameters: tuple[Parameter, ...] = ()
+    memory: dict[str, int] = attrs.Factory(dict)
+
+    @property
+    def events(self) -> tuple[tuple[int, int], ...]:
+        """(producer actor, consumer actor) for every input whose stream waits on an event."""
+        return tuple(
+            (self.registers[i.register].producer, actor.id)
+            for actor in self.actors
+            for i in actor.inputs
+            if i.event
+        )
+
+    def to_bytes(self) -> bytes:
+        for actor in self.actors:
+            for fn in [actor.kernel, *(v for v in actor.attrs.values() if callable(v))]:
+                try:
+                    import_path(fn)
+                except PlanSerializationError as e:
+                    raise PlanSerializationError(f"actor {actor.name!r}: {e}") from None
+        data = {"format": FORMAT_VERSION, "plan": _converter.unstructure(self)}
+        return msgpack.packb(data, default=_encode)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Plan:
+        try:
+            decoded = msgpack.unpackb(
+                data, object_hook=_decode, use_list=False, strict_map_key=False
+            )
+        except (ValueError, msgpack.UnpackException) as e:
+            raise PlanSerializationError(f"not a serialized Plan: {e}") from e
+        if not isinstance(decoded, dict) or decoded.get("format") != FORMAT_VERSION:
+            raise PlanSerializationError(
+                f"not a serialized Plan of format {FORMAT_VERSION}"
+            )
+        return _converter.structure(decoded["plan"], cls)
+
+    def summary(self) -> str:
+        """The Plan for people: streams, actors, quotas, events, collective order, memory."""
+        return "\n".join(_summary_lines(self))
+
+
+def import_path(fn: Callable) -> str:
+    """``module:qualname`` of a function that can be imported back, else a clear error."""
+    module = getattr(fn, "__module__", None) or (
+        "numpy" if isinstance(fn, np.ufunc) else None
+    )
+    qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        raise PlanSerializationError(
+            f"cannot serialize {fn!r}: a Plan names functions by import path, so only "
+            "functions defined at the top level of an importable module serialize "
+            "(not lambdas, local functions or functions of __main__)"
+        )
+    path = f"{module}:{qualname}"
+    if resolve(path) is not fn:
+        raise PlanSerializationError(
+            f"cannot serialize {fn!r}: importing {path} gives another object"
+        )
+    return path
+
+
+def resolve(path: str) -> Callable:
+    module, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise PlanSerializationError(f"cannot import function {path}: {e}") from e
+    return obj
+
+
+def _encode(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return {"__array__": (obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())}
+    if callable(obj):
+        return {"__function__": import_path(obj)}
+    raise TypeError(f"cannot serialize {type(obj).__name__} in a Plan")
+
+
+def _decode(obj: dict) -> Any:
+    if "__array__" in obj:
+        dtype, shape, raw = obj["__array__"]
+        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    if "__function__" in obj:
+        return resolve(obj["__function__"])
+    return obj
+
+
+_converter = cattrs.Converter()
+_converter.register_unstructure_hook(np.ndarray, lambda a: a)
+_converter.register_structure_hook(np.ndarray, lambda v, _: v)
+_converter.register_unstructure_hook_func(
+    lambda t: get_origin(t) is Callable, lambda fn: fn
+)
+_converter.register_structure_hook_func(
+    lambda t: get_origin(t) is Callable, lambda v, _: v
+)
+
+
+def _summary_lines(plan: Plan) -> list[str]:
+    names = {a.id: a.name for a in plan.actors}
+    lines = [
+        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
+        f"{len(plan.collectives)} collectives, {len(plan.events)} events"
+    ]
+    for stream in plan.streams:
+        actors = sorted(
+            (a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority
+        )
+        lines.append(f"stream {stream.name} ({len(actors)} actors)")
+        for a in actors:
+            ins = ", ".join(_input_text(plan, i) for i in a.inputs) or "-"
+            lines.append(f"  [{a.priority:>3}] {a.name:<24} {a.op:<14} in: {ins}")
+            for r in (plan.registers[o] for o in a.outputs):
+                to = ", ".join(names[c.actor] for c in r.consumers) or "-"
+                lines.append(
+                    f"        out {r.name}: {r.dtype}{list(r.shape)} quota {r.quota} -> {to}"
+                )
+    lines.append("events (producer -> consumer, the consumer's stream waits)")
+    stream_name = {s.id: s.name for s in plan.streams}
+    stream_of = {a.id: a.stream for a in plan.actors}
+    for p, c in plan.events:
+        lines.append(
+            f"  {names[p]} ({stream_name.get(stream_of[p])}) -> "
+            f"{names[c]} ({stream_name.get(stream_of[c])})"
+        )
+    lines.append("collective order")
+    for k, coll in enumerate(plan.collectives):
+        lines.append(f"  {k}. {coll.name} ({coll.op} over {len(coll.actors)} devices)")
+    lines.append("planned memory (registers x quota + parameters)")
+    for device, nbytes in sorted(plan.memory.items()):
+        lines.append(f"  {device}: {nbytes / 1024:.1f} KiB")
+    return lines
+
+
+def _input_text(plan: Plan, i: Input) -> str:
+    r = plan.registers[i.register]
+    if r.is_parameter:
+        return f"{r.name} (parameter)"
+    return f"{r.name}{' +event' if i.event else ''}"

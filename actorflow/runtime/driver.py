@@ -1,0 +1,214 @@
+"""The driver: one trio task per stream that runs the message loop of that stream's actors.
+
+It drains its inbox (ready, free and completion messages) in one batch, then launches
+every unit that can act, lowest priority number first. A unit is one actor, or the
+participants of one collective, which act together as one kernel. Launching is async like
+a CUDA launch: the kernel is queued on the stream and consumers hear "ready" at once,
+with the event their stream must wait on.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .actor_state import ActorState
+from .executor import StreamExecutor
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+READY, FREE, DONE, KICK = "ready", "free", "done", "kick"
+
+
+class InputSpec:
+    """How a member reads one input: a parameter buffer, or a producer's register."""
+
+    __slots__ = ("param", "slot", "buffers", "event", "same_stream", "producer", "out")
+
+    def __init__(self, param=None, slot=-1, buffers=None, event=False, same_stream=False, producer=None, out=-1):
+        self.param = param
+        self.slot = slot
+        self.buffers = buffers
+        self.event = event
+        self.same_stream = same_stream
+        self.producer = producer
+        self.out = out
+
+
+class OutputSpec:
+    __slots__ = ("buffers", "consumers")
+
+    def __init__(self, buffers: list, consumers: list) -> None:
+        self.buffers = buffers
+        self.consumers = consumers
+
+
+class Member:
+    """One actor inside a unit: its state and how its inputs and outputs are wired."""
+
+    __slots__ = ("actor", "state", "unit", "inputs", "outputs")
+
+    def __init__(self, actor: Any, state: ActorState) -> None:
+        self.actor = actor
+        self.state = state
+        self.unit: Unit | None = None
+        self.inputs: list[InputSpec] = []
+        self.outputs: list[OutputSpec] = []
+
+
+class Unit:
+    """What a driver launches as one kernel: one actor, or a collective's participants."""
+
+    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch")
+
+    def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel) -> None:
+        self.id = id
+        self.name = name
+        self.priority = priority
+        self.members = members
+        self.kernel = kernel
+        self.driver: Driver | None = None
+        self.feed: str | None = None
+        self.fetch: str | None = None
+        for m in members:
+            m.unit = self
+
+    def can_act(self) -> bool:
+        for m in self.members:
+            if not m.state.can_act():
+                return False
+        return True
+
+
+class Driver:
+    """``ordered``: launch units strictly in list order, round after round (collective stream)."""
+
+    def __init__(
+        self, runtime: Runtime, name: str, units: list[Unit], ordered: bool, token: trio.lowlevel.TrioToken
+    ) -> None:
+        self.runtime = runtime
+        self.name = name
+        self.executor = StreamExecutor(name, token, self._on_completions)
+        self.units = units
+        self.ordered = ordered
+        self.cursor = 0
+        self.inbox: deque = deque()
+        self._wake = trio.Event()
+        self._heap: list[tuple[int, int]] = []
+        self._queued: set[int] = set()
+        for unit in units:
+            unit.driver = self
+
+    def _on_completions(self, batch: list) -> None:
+        self.post((DONE, batch))
+
+    def post(self, message: tuple) -> None:
+        self.inbox.append(message)
+        self._wake.set()
+
+    async def serve(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            self._drain()
+            self._launch_ready()
+
+    def _dirty(self, unit: Unit) -> None:
+        if unit.id not in self._queued:
+            self._queued.add(unit.id)
+            heapq.heappush(self._heap, (unit.priority, unit.id))
+
+    def _drain(self) -> None:
+        inbox = self.inbox
+        while inbox:
+            message = inbox.popleft()
+            kind = message[0]
+            if kind is READY:
+                _, member, slot, index, event = message
+                member.state.on_ready(slot, index, event)
+                self._dirty(member.unit)
+            elif kind is FREE:
+                _, member, out, index = message
+                if member.state.on_free(out, index):
+                    self._dirty(member.unit)
+            elif kind is DONE:
+                self._complete(message[1])
+            else:
+                for unit in self.units:
+                    self._dirty(unit)
+
+    def _launch_ready(self) -> None:
+        heap, units = self._heap, self.runtime.units
+        while heap:
+            _, uid = heapq.heappop(heap)
+            self._queued.discard(uid)
+            unit = units[uid]
+            if self.ordered and unit is not self.units[self.cursor]:
+                continue
+            if unit.can_act():
+                self._launch(unit)
+                if self.ordered:
+                    self.cursor = (self.cursor + 1) % len(self.units)
+                    self._dirty(self.units[self.cursor])
+                else:
+                    self._dirty(unit)
+
+    def _launch(self, unit: Unit) -> None:
+        ins: list = []
+        outs: list = []
+        waits: list = []
+        frees: list = []
+        taken = []
+        iteration = 0
+        for m in unit.members:
+            iteration, ready, buffers = m.state.take()
+            taken.append(buffers)
+            for spec in m.inputs:
+                if spec.param is not None:
+                    ins.append(spec.param)
+                    continue
+                index, event = ready[spec.slot]
+                ins.append(spec.buffers[index])
+                if spec.event:
+                    waits.append(event)
+                if spec.same_stream:
+                    self._send_free(spec.producer, spec.out, index)
+                else:
+                    frees.append((spec.producer, spec.out, index))
+            for spec, index in zip(m.outputs, buffers):
+                outs.append(spec.buffers[index])
+        if unit.feed is not None:
+            ins.append(self.runtime.feed_value(unit.feed, iteration))
+        seq = self.executor.submit(unit.kernel, ins, outs, waits, (unit, iteration, frees))
+        self.runtime.progress += 1
+        event = (self.executor, seq)
+        for m, buffers in zip(unit.members, taken):
+            for spec, index in zip(m.outputs, buffers):
+                for consumer, slot in spec.consumers:
+                    driver = consumer.unit.driver
+                    if driver is self:
+                        consumer.state.on_ready(slot, index, event)
+                        self._dirty(consumer.unit)
+                    else:
+                        driver.post((READY, consumer, slot, index, event))
+
+    def _send_free(self, producer: Member, out: int, index: int) -> None:
+        driver = producer.unit.driver
+        if driver is self:
+            if producer.state.on_free(out, index):
+                self._dirty(producer.unit)
+        else:
+            driver.post((FREE, producer, out, index))
+
+    def _complete(self, batch: list) -> None:
+        for (unit, iteration, frees), result, start, end, ok in batch:
+            if not ok:
+                self.runtime.fail_kernel(result, unit, iteration)
+                return
+            for producer, out, index in frees:
+                self._send_free(producer, out, index)
+            self.runtime.completed(unit, iteration, result, start, end)

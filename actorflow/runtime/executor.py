@@ -1,0 +1,95 @@
+"""A stream: one dedicated OS thread running launched kernels in order, like a CUDA stream.
+
+Events are timeline points: "kernel number ``seq`` of stream S has finished". A kernel
+waits for its events on its own thread, never on the host. Completions go back to trio in
+batches through ``run_sync_soon``, flushed whenever the thread is about to block.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+_STOP = None
+
+
+class StreamExecutor:
+    def __init__(self, name: str, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None]) -> None:
+        self.name = name
+        self._token = token
+        self._deliver = deliver
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._cond = threading.Condition()
+        self._closed = False
+        self.submitted = 0
+        self.done = 0
+        self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any) -> int:
+        """Queue a kernel; returns its sequence number, the event others may wait on."""
+        self.submitted += 1
+        self._queue.put((self.submitted, kernel, ins, outs, waits, ctx))
+        return self.submitted
+
+    def wait_until(self, seq: int) -> bool:
+        """Block this (other) stream's thread until kernel ``seq`` finished; False if closed."""
+        with self._cond:
+            while self.done < seq and not self._closed:
+                self._cond.wait()
+            return self.done >= seq
+
+    def close(self) -> None:
+        """Stop after the kernel in progress; wakes every thread waiting on this stream."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._queue.put(_STOP)
+
+    def _post(self, batch: list) -> None:
+        try:
+            self._token.run_sync_soon(self._deliver, batch)
+        except trio.RunFinishedError:
+            pass
+
+    def _loop(self) -> None:
+        batch: list = []
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                if batch:
+                    self._post(batch)
+                    batch = []
+                item = self._queue.get()
+            if item is _STOP or self._closed:
+                break
+            seq, kernel, ins, outs, waits, ctx = item
+            for stream, point in waits:
+                if stream.done < point:
+                    if batch:
+                        self._post(batch)
+                        batch = []
+                    if not stream.wait_until(point):
+                        return
+            start = time.perf_counter()
+            try:
+                result = kernel(ins, outs)
+            except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
+                batch.append((ctx, exc, start, time.perf_counter(), False))
+                self._post(batch)
+                return
+            end = time.perf_counter()
+            with self._cond:
+                self.done = seq
+                self._cond.notify_all()
+            batch.append((ctx, result, start, end, True))
+        if batch:
+            self._post(batch)

@@ -1,0 +1,337 @@
+"""The Runtime: executes a Plan inside the caller's trio loop, iteration after iteration.
+
+It allocates every register buffer once, starts one executor thread and one driver task
+per stream, and then serves ``run`` calls. Any failure (a kernel's exception, a stall)
+stops every stream thread and is re-raised from ``run`` as the original exception, with a
+note naming the actor, stream and iteration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import trio
+from threadpoolctl import threadpool_limits
+
+from ..errors import FeedError, StallError
+from ..plan import Plan
+from ..trace.recorder import Recorder
+from .actor_state import ActorState
+from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
+from .executor import StreamExecutor
+
+Feeds = Mapping[str, Any]
+
+
+class Runtime:
+    """``async with Runtime(plan) as rt: outputs = await rt.run(feeds)``.
+
+    trace: record a span per kernel (see ``recorder``); stall_timeout: seconds without
+    any actor acting before the run fails with a StallError that says who waits on what.
+    """
+
+    def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
+        self.plan = plan
+        self.stall_timeout = stall_timeout
+        self.recorder = Recorder(enabled=trace)
+        self.progress = 0
+        self.units: list[Unit] = []
+        self._members: dict[int, Member] = {}
+        self._executors: list[StreamExecutor] = []
+        self._drivers: list[Driver] = []
+        self._buffers: list[list[np.ndarray]] = []
+        self._iterations = 0
+        self._feeds: dict[int, Feeds] = {}
+        self._results: list[dict[str, np.ndarray]] = []
+        self._base = 0
+        self._remaining = 0
+        self._done = trio.Event()
+        self._running = False
+        self._error: BaseException | None = None
+        self._lock = trio.Lock()
+        self._stack = contextlib.AsyncExitStack()
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> Runtime:
+        self._stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
+        self._build(trio.lowlevel.current_trio_token())
+        self._stack.callback(self._stop_threads)
+        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+        for driver in self._drivers:
+            self._nursery.start_soon(driver.serve)
+        self._nursery.start_soon(self._watchdog)
+        for executor in self._executors:
+            executor.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool:
+        self._nursery.cancel_scope.cancel()
+        try:
+            return await self._stack.__aexit__(*exc_info)
+        except BaseExceptionGroup as group:
+            raise _only_error(group) from None
+
+    # -- wiring ------------------------------------------------------------------
+
+    def _build(self, token: trio.lowlevel.TrioToken) -> None:
+        plan = self.plan
+        params = {p.register: p.value for p in plan.parameters}
+        self._buffers = [
+            [np.array(params[r.id], dtype=r.dtype, copy=True)]
+            if r.is_parameter
+            else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
+            for r in plan.registers
+        ]
+        for actor in plan.actors:
+            protocol_inputs = sum(not plan.registers[i.register].is_parameter for i in actor.inputs)
+            state = ActorState(
+                protocol_inputs,
+                [plan.registers[o].quota for o in actor.outputs],
+                [len(plan.registers[o].consumers) for o in actor.outputs],
+            )
+            self._members[actor.id] = Member(actor, state)
+        for actor in plan.actors:
+            self._wire(self._members[actor.id])
+
+        groups = {a: coll for coll in plan.collectives for a in coll.actors}
+        units_of_stream: dict[int, list[Unit]] = {s.id: [] for s in plan.streams}
+        for coll in plan.collectives:
+            self._add_unit(coll.name, [plan.actors[a] for a in coll.actors], units_of_stream)
+        for actor in plan.actors:
+            if actor.id not in groups:
+                self._add_unit(actor.name, [actor], units_of_stream)
+        for feed in plan.feeds:
+            self._members[feed.actor].unit.feed = feed.name
+        for out in plan.outputs:
+            self._members[out.actor].unit.fetch = out.name
+
+        for stream in plan.streams:
+            ordered = stream.kind == "collective"
+            units = units_of_stream[stream.id]
+            if not ordered:
+                units.sort(key=lambda u: u.priority)
+            driver = Driver(self, stream.name, units, ordered, token)
+            self._executors.append(driver.executor)
+            self._drivers.append(driver)
+
+    def _wire(self, member: Member) -> None:
+        plan, actor = self.plan, member.actor
+        slot = 0
+        for i in actor.inputs:
+            reg = plan.registers[i.register]
+            if reg.is_parameter:
+                member.inputs.append(InputSpec(param=self._buffers[reg.id][0]))
+                continue
+            producer = self._members[reg.producer]
+            member.inputs.append(
+                InputSpec(
+                    slot=slot,
+                    buffers=self._buffers[reg.id],
+                    event=i.event,
+                    same_stream=producer.actor.stream == actor.stream,
+                    producer=producer,
+                    out=producer.actor.outputs.index(reg.id),
+                )
+            )
+            slot += 1
+        for o in actor.outputs:
+            reg = plan.registers[o]
+            consumers = [(self._members[c.actor], self._protocol_slot(c)) for c in reg.consumers]
+            member.outputs.append(OutputSpec(self._buffers[o], consumers))
+
+    def _protocol_slot(self, consumer) -> int:
+        """The consumer's input slot counted among its non-parameter inputs."""
+        inputs = self.plan.actors[consumer.actor].inputs[: consumer.slot]
+        return sum(not self.plan.registers[i.register].is_parameter for i in inputs)
+
+    def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> None:
+        first = actors[0]
+        kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
+        unit = Unit(len(self.units), name, first.priority, [self._members[a.id] for a in actors], kernel)
+        self.units.append(unit)
+        units_of_stream[first.stream].append(unit)
+
+    # -- running -------------------------------------------------------------------
+
+    async def run(self, feeds: Feeds | Sequence[Feeds] | None = None) -> Any:
+        """Run one iteration per feed dict; a single dict gives one dict of outputs back,
+        a list gives a list. Iterations pipeline as far as the quotas allow."""
+        single = feeds is None or isinstance(feeds, Mapping)
+        batch = [feeds or {}] if single else list(feeds)
+        arrays = [self._check_feeds(f, k if not single else None) for k, f in enumerate(batch)]
+        async with self._lock:
+            self._raise_if_failed()
+            if not arrays:
+                return []
+            self._base = self._iterations
+            self._iterations += len(arrays)
+            for k, f in enumerate(arrays):
+                self._feeds[self._base + k] = f
+            self._results = [{} for _ in arrays]
+            self._remaining = len(arrays) * len(self.plan.actors)
+            self._done = trio.Event()
+            self._running = True
+            for member in self._members.values():
+                member.state.acts_left += len(arrays)
+            for driver in self._drivers:
+                driver.post((KICK,))
+            try:
+                await self._done.wait()
+            finally:
+                self._running = False
+            self._raise_if_failed()
+            return self._results[0] if single else self._results
+
+    def feed_value(self, name: str, iteration: int) -> np.ndarray:
+        return self._feeds[iteration][name]
+
+    def completed(self, unit: Unit, iteration: int, result: Any, start: float, end: float) -> None:
+        self.progress += 1
+        if unit.fetch is not None:
+            self._results[iteration - self._base][unit.fetch] = result
+        if self.recorder.enabled:
+            actor = unit.members[0].actor
+            stream = self.plan.streams[actor.stream]
+            args = {"actor": unit.name, "op": actor.op, "iteration": iteration}
+            self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
+        self._remaining -= len(unit.members)
+        if self._remaining == 0:
+            self._feeds.clear()
+            self._done.set()
+
+    def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
+        actor = unit.members[0].actor
+        stream = self.plan.streams[actor.stream].name
+        exc.add_note(
+            f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r} "
+            f"at iteration {iteration}; the op was built at {actor.where}"
+        )
+        self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop everything; the waiting ``run`` re-raises ``exc``."""
+        if self._error is None:
+            self._error = exc
+        for executor in self._executors:
+            executor.close()
+        self._done.set()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _stop_threads(self) -> None:
+        for executor in self._executors:
+            executor.close()
+        for executor in self._executors:
+            if executor.thread.is_alive():
+                executor.thread.join(timeout=10)
+
+    async def _watchdog(self) -> None:
+        seen, since = -1, trio.current_time()
+        while True:
+            await trio.sleep(min(1.0, self.stall_timeout / 4))
+            now = trio.current_time()
+            if not self._running or self.progress != seen:
+                seen, since = self.progress, now
+            elif now - since >= self.stall_timeout:
+                self.fail(StallError(self.stall_report(now - since)))
+                return
+
+    # -- inspection ----------------------------------------------------------------
+
+    def stall_report(self, idle: float) -> str:
+        plan = self.plan
+        lines = [
+            f"no actor acted for {idle:.1f} s (stall_timeout={self.stall_timeout} s); "
+            f"iterations {self._base}..{self._iterations - 1} are unfinished. Waiting actors:"
+        ]
+        for member in self._members.values():
+            actor, state = member.actor, member.state
+            if state.acts_left == 0:
+                continue
+            missing_in, missing_out = state.lacking()
+            reasons = []
+            protocol = [i for i in actor.inputs if not plan.registers[i.register].is_parameter]
+            for k in missing_in:
+                reg = plan.registers[protocol[k].register]
+                reasons.append(f"input {reg.name!r} from {plan.actors[reg.producer].name!r} not ready")
+            for k in missing_out:
+                reg = plan.registers[actor.outputs[k]]
+                holders = ", ".join(repr(plan.actors[c.actor].name) for c in reg.consumers)
+                reasons.append(f"no credit on output {reg.name!r} (all {reg.quota} held by {holders})")
+            stream = plan.streams[actor.stream].name
+            lines.append(
+                f"  {actor.name} on {stream}, iteration {state.iteration}: "
+                + ("; ".join(reasons) or "can act, waiting for its turn")
+            )
+        for driver in self._drivers:
+            ex = driver.executor
+            if ex.submitted > ex.done:
+                lines.append(f"  stream {driver.name}: {ex.submitted - ex.done} launched kernels not finished")
+            if driver.ordered and driver.units:
+                unit = driver.units[driver.cursor]
+                lines.append(f"  stream {driver.name}: next in collective order is {unit.name!r}")
+        return "\n".join(lines)
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The current value of every parameter, by name (copies)."""
+        return {p.name: self._buffers[p.register][0].copy() for p in self.plan.parameters}
+
+    def register_stats(self) -> dict[str, dict[str, int]]:
+        """Per register: its quota and the most buffers held at once (taken, not yet freed)."""
+        stats = {}
+        for member in self._members.values():
+            for k, o in enumerate(member.actor.outputs):
+                reg = self.plan.registers[o]
+                stats[reg.name] = {"quota": reg.quota, "max_held": member.state.max_held[k]}
+        return stats
+
+    def _check_feeds(self, feeds: Any, iteration: int | None) -> dict[str, np.ndarray]:
+        where = "" if iteration is None else f"iteration {iteration}: "
+        if not isinstance(feeds, Mapping):
+            raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
+        expected = {f.name: f for f in self.plan.feeds}
+        missing = sorted(set(expected) - set(feeds))
+        extra = sorted(set(feeds) - set(expected))
+        if missing or extra:
+            raise FeedError(
+                f"{where}feeds do not match the placeholders: missing {missing}, unknown {extra} "
+                f"(expected {sorted(expected)})"
+            )
+        arrays = {}
+        for name, value in feeds.items():
+            spec = expected[name]
+            array = np.asarray(value)
+            if array.shape != spec.shape or array.dtype.name != spec.dtype:
+                raise FeedError(
+                    f"{where}feed {name!r} is {array.dtype.name}{list(array.shape)}, "
+                    f"the placeholder wants {spec.dtype}{list(spec.shape)}"
+                )
+            arrays[name] = array
+        return arrays
+
+
+def _only_error(group: BaseExceptionGroup) -> BaseException:
+    """The one real error inside a (nested) group; a group of several is kept as it is."""
+    leaves = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for e in exc.exceptions:
+                walk(e)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else group

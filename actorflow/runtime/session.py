@@ -1,0 +1,105 @@
+"""Running a Plan from synchronous code: ``af.run`` for one call, ``Session`` to keep the
+stream threads alive across calls."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import trio
+
+from ..plan import Plan
+from .runtime import Feeds, Runtime
+
+
+def run(
+    plan: Plan,
+    feeds: Feeds | list[Feeds] | None = None,
+    *,
+    trace: str | os.PathLike | None = None,
+    stall_timeout: float = 60.0,
+) -> Any:
+    """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome trace there."""
+
+    async def main() -> Any:
+        async with Runtime(plan, trace=trace is not None, stall_timeout=stall_timeout) as rt:
+            outputs = await rt.run(feeds)
+        if trace is not None:
+            rt.recorder.write(trace)
+        return outputs
+
+    return trio.run(main)
+
+
+class Session:
+    """``with Session(plan) as s: s.run(feeds)``: one Runtime, its own trio loop on a host
+    thread, stream threads living across calls. After a failure the session is closed."""
+
+    def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
+        self._runtime = Runtime(plan, trace=trace, stall_timeout=stall_timeout)
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._started = threading.Event()
+        self._stop: trio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._host, name="actorflow-session", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _host(self) -> None:
+        async def main() -> None:
+            async with self._runtime:
+                self._stop = trio.Event()
+                self._token = trio.lowlevel.current_trio_token()
+                self._started.set()
+                await self._stop.wait()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            self._error = exc
+        finally:
+            self._started.set()
+
+    def run(self, feeds: Feeds | list[Feeds] | None = None) -> Any:
+        if self._token is None:
+            raise RuntimeError("this session is closed")
+        try:
+            return trio.from_thread.run(self._runtime.run, feeds, trio_token=self._token)
+        except BaseException:
+            if self._runtime.failed:
+                self.close()
+            raise
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return self._call(self._runtime.parameters)
+
+    def register_stats(self) -> dict[str, dict[str, int]]:
+        return self._call(self._runtime.register_stats)
+
+    @property
+    def recorder(self):
+        return self._runtime.recorder
+
+    def _call(self, fn):
+        if self._token is None:
+            raise RuntimeError("this session is closed")
+        return trio.from_thread.run_sync(fn, trio_token=self._token)
+
+    def close(self) -> None:
+        if self._token is not None:
+            token, self._token = self._token, None
+            try:
+                trio.from_thread.run_sync(self._stop.set, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
