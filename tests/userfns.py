@@ -1,0 +1,41 @@
+"""Module-level user kernels for ``af.ops.call`` in tests: a Plan serializes them by import path."""
+
+import threading
+import time
+
+import numpy as np
+
+calls: list[tuple[str, str]] = []
+
+
+def identity(a):
+    return a
+
+
+def double(a):
+    return a * 2
+
+
+def add_pair(a, b):
+    return a + b
+
+
+def thread_name(a):
+    """Identity that records (this function, the thread it ran on)."""
+    calls.append(("thread_name", threading.current_thread().name))
+    return a
+
+
+def sleepy(a):
+    """Identity after a short random sleep, so kernel timings interleave."""
+    time.sleep(float(np.random.default_rng().uniform(0.0, 0.004)))
+    return a
+
+
+def fail(a):
+    raise ZeroDivisionError("user kernel failed on purpose")
+
+
+def slow(a):
+    time.sleep(2.0)
+    return a
