@@ -2,7 +2,9 @@
 
 Events are timeline points: "kernel number ``seq`` of stream S has finished". A kernel
 waits for its events on its own thread, never on the host. Completions go back to trio in
-batches through ``run_sync_soon``, flushed whenever the thread is about to block.
+batches through ``run_sync_soon``: flushed whenever the thread is about to block, and once
+``FLUSH_AFTER`` seconds have passed since the batch's first kernel started, since a completion returns credits that
+other streams may be waiting for. Tiny kernels share a wake-up; long ones report at once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import trio
 
 _STOP = None
+FLUSH_AFTER = 200e-6
 
 
 class StreamExecutor:
@@ -61,6 +64,7 @@ class StreamExecutor:
 
     def _loop(self) -> None:
         batch: list = []
+        oldest = 0.0
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -90,6 +94,11 @@ class StreamExecutor:
             with self._cond:
                 self.done = seq
                 self._cond.notify_all()
+            if not batch:
+                oldest = start
             batch.append((ctx, result, start, end, True))
+            if end - oldest > FLUSH_AFTER:
+                self._post(batch)
+                batch = []
         if batch:
             self._post(batch)
