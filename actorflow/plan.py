@@ -34,10 +34,25 @@ class Stream:
 
 @attrs.frozen
 class Input:
-    """One input of an actor. ``event``: the actor's stream waits on the producer's event first."""
+    """One input of an actor, and how it is kept in order with its producer (``sync``):
+
+    - ``stream``: same stream (or a parameter); stream order suffices, ready at the
+      producer's launch;
+    - ``event``: another stream; ready at the producer's launch, and the consumer's
+      stream waits on the producer's event before the kernel;
+    - ``implied``: another stream; ready at launch, no wait: another input's event
+      already implies this producer finished;
+    - ``completion``: another stream; ready once the producer's kernel has finished.
+      Used where the consumer's stream is fed by several streams, since a stream
+      waiting on one of them would hold up work queued behind it.
+    """
 
     register: int
-    event: bool = False
+    sync: str = "stream"
+
+    @property
+    def event(self) -> bool:
+        return self.sync == "event"
 
 
 @attrs.frozen
@@ -273,4 +288,4 @@ def _input_text(plan: Plan, i: Input) -> str:
     r = plan.registers[i.register]
     if r.is_parameter:
         return f"{r.name} (parameter)"
-    return f"{r.name}{' +event' if i.event else ''}"
+    return r.name if i.sync == "stream" else f"{r.name} ({i.sync})"

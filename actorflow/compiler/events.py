@@ -1,11 +1,17 @@
-"""insert events: an event only where a consumer's stream differs from its producer's,
-and only where no other input already implies it.
+"""insert events: how each input is kept in order with its producer (see ``plan.Input``).
 
-Every data edge guarantees "producer finished before consumer starts" (same stream: stream
-order; otherwise: an event). So if producer P reaches another input Y of consumer C, C's
-wait on Y already covers P, and P's event is redundant: events live on the transitive
-reduction of the actor DAG (the idea of Paddle's ShrinkEventInfo). A collective's
-participants run as one kernel, so their inputs are pruned together.
+Same stream: stream order, nothing to add. Across streams, an early launch with an event
+hides the host's round trip, but a stream thread waiting on an event holds up everything
+queued behind it. When a stream is fed by one other stream only, its queue follows that
+stream's order and the wait costs nothing: those inputs get events. A stream fed by
+several streams (a copy stream carrying feeds, fetches and device-to-device copies; the
+collective stream) gets its inputs only at the producer's completion.
+
+Every input guarantees "producer finished before consumer starts", so if producer P
+reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
+redundant: events live on the transitive reduction of the actor DAG (the idea of
+Paddle's ShrinkEventInfo). A collective's participants run as one kernel, so their
+inputs are pruned together.
 """
 
 from __future__ import annotations
@@ -21,23 +27,31 @@ def insert_events(plan: Plan) -> Plan:
     reach = descendants(data_edges(plan))
     stream = {a.id: a.stream for a in plan.actors}
     producer_units: dict[int, set[int]] = {}
+    sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
     for actor in plan.actors:
-        producer_units.setdefault(unit[actor.id], set()).update(
-            unit[plan.registers[i.register].producer]
-            for i in actor.inputs
-            if not plan.registers[i.register].is_parameter
+        producers = [plan.registers[i.register].producer for i in actor.inputs]
+        producers = [p for p in producers if p >= 0]
+        producer_units.setdefault(unit[actor.id], set()).update(unit[p] for p in producers)
+        sources[actor.stream].update(stream[p] for p in producers if stream[p] != actor.stream)
+
+    def sync(actor, producer: int) -> str:
+        if producer < 0 or stream[producer] == actor.stream:
+            return "stream"
+        if len(sources[actor.stream]) > 1:
+            return "completion"
+        others = producer_units[unit[actor.id]] - {unit[producer]}
+        if any(reach[unit[producer]] >> y & 1 for y in others):
+            return "implied"
+        return "event"
+
+    actors = tuple(
+        attrs.evolve(
+            actor,
+            inputs=tuple(
+                attrs.evolve(i, sync=sync(actor, plan.registers[i.register].producer))
+                for i in actor.inputs
+            ),
         )
-    actors = []
-    for actor in plan.actors:
-        others = producer_units[unit[actor.id]]
-        inputs = []
-        for i in actor.inputs:
-            p = plan.registers[i.register].producer
-            needed = (
-                p >= 0
-                and stream[p] != actor.stream
-                and not any(reach[unit[p]] >> y & 1 for y in others if y != unit[p])
-            )
-            inputs.append(attrs.evolve(i, event=needed))
-        actors.append(attrs.evolve(actor, inputs=tuple(inputs)))
-    return attrs.evolve(plan, actors=tuple(actors))
+        for actor in plan.actors
+    )
+    return attrs.evolve(plan, actors=actors)

@@ -40,6 +40,8 @@ class InputSpec:
 
 
 class OutputSpec:
+    """``consumers``: (member, input slot, early) where early = ready at launch, not completion."""
+
     __slots__ = ("buffers", "consumers")
 
     def __init__(self, buffers: list, consumers: list) -> None:
@@ -183,18 +185,25 @@ class Driver:
                 outs.append(spec.buffers[index])
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
-        seq = self.executor.submit(unit.kernel, ins, outs, waits, (unit, iteration, frees))
+        later: list = []
+        seq = self.executor.submit(unit.kernel, ins, outs, waits, (unit, iteration, frees, later))
         self.runtime.progress += 1
         event = (self.executor, seq)
         for m, buffers in zip(unit.members, taken):
             for spec, index in zip(m.outputs, buffers):
-                for consumer, slot in spec.consumers:
-                    driver = consumer.unit.driver
-                    if driver is self:
-                        consumer.state.on_ready(slot, index, event)
-                        self._dirty(consumer.unit)
+                for consumer, slot, early in spec.consumers:
+                    if early:
+                        self._send_ready(consumer, slot, index, event)
                     else:
-                        driver.post((READY, consumer, slot, index, event))
+                        later.append((consumer, slot, index, event))
+
+    def _send_ready(self, consumer: Member, slot: int, index: int, event) -> None:
+        driver = consumer.unit.driver
+        if driver is self:
+            consumer.state.on_ready(slot, index, event)
+            self._dirty(consumer.unit)
+        else:
+            driver.post((READY, consumer, slot, index, event))
 
     def _send_free(self, producer: Member, out: int, index: int) -> None:
         driver = producer.unit.driver
@@ -205,10 +214,12 @@ class Driver:
             driver.post((FREE, producer, out, index))
 
     def _complete(self, batch: list) -> None:
-        for (unit, iteration, frees), result, start, end, ok in batch:
+        for (unit, iteration, frees, later), result, start, end, ok in batch:
             if not ok:
                 self.runtime.fail_kernel(result, unit, iteration)
                 return
             for producer, out, index in frees:
                 self._send_free(producer, out, index)
+            for consumer, slot, index, event in later:
+                self._send_ready(consumer, slot, index, event)
             self.runtime.completed(unit, iteration, result, start, end)

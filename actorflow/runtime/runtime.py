@@ -140,7 +140,14 @@ class Runtime:
             slot += 1
         for o in actor.outputs:
             reg = plan.registers[o]
-            consumers = [(self._members[c.actor], self._protocol_slot(c)) for c in reg.consumers]
+            consumers = [
+                (
+                    self._members[c.actor],
+                    self._protocol_slot(c),
+                    plan.actors[c.actor].inputs[c.slot].sync != "completion",
+                )
+                for c in reg.consumers
+            ]
             member.outputs.append(OutputSpec(self._buffers[o], consumers))
 
     def _protocol_slot(self, consumer) -> int:
