@@ -1,0 +1,149 @@
+"""How much the runtime costs, and whether it pays off.
+
+(a) host overhead per act: a chain of no-op ``call`` actors on one device, many
+    iterations, against a plain Python loop calling the same functions;
+(b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
+    against the same chain on cpu:0 alone;
+(c) registers in flight: the most buffers any register held at once, against its quota.
+
+Every figure is the median of several runs, each measured beside its baseline in the
+same process. Run: python benchmarks/overhead.py [--repeats 5] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import actorflow as af
+
+
+def noop(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def noop_chain(actors: int, quota: int) -> af.Plan:
+    with af.Graph() as g:
+        h = af.placeholder("x", (1,), "float32", "cpu:0")
+        for _ in range(actors):
+            h = af.ops.call(noop, h, shape=(1,), dtype="float32")
+        af.output("y", h)
+    return af.compile(g, quota=quota)
+
+
+def matmul_chain(length: int, size: int, devices: int, quota: int) -> af.Plan:
+    rng = np.random.default_rng(0)
+    with af.Graph() as g:
+        h = af.placeholder("x", (size, size), "float32", "cpu:0")
+        for k in range(length):
+            device = f"cpu:{k * devices // length}"
+            w = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
+            h = af.ops.matmul(af.ops.to_device(h, device), af.parameter(f"w{k}", w, device))
+        af.output("y", h)
+    return af.compile(g, quota=quota)
+
+
+def timed_run(plan: af.Plan, feeds: list[dict]) -> tuple[float, dict]:
+    """Seconds for one pipelined run of ``feeds`` in a warm session, and its register stats."""
+    with af.Session(plan) as session:
+        session.run(feeds[:2])
+        start = time.perf_counter()
+        session.run(feeds)
+        elapsed = time.perf_counter() - start
+        return elapsed, session.register_stats()
+
+
+def host_overhead(actors: int, iterations: int, repeats: int) -> tuple[float, float]:
+    """(µs per act in actorflow, µs per call in a plain loop), medians."""
+    plan = noop_chain(actors, quota=2)
+    feeds = [{"x": np.ones(1, np.float32)}] * iterations
+    acts = len(plan.actors) * iterations
+    x, out = np.ones(1, np.float32), np.empty(1, np.float32)
+    ours, plain = [], []
+    for _ in range(repeats):
+        ours.append(timed_run(plan, feeds)[0] / acts * 1e6)
+        start = time.perf_counter()
+        for _ in range(iterations):
+            h = x
+            for _ in range(actors):
+                h = np.asarray(noop(h))
+                np.copyto(out, h)
+        plain.append((time.perf_counter() - start) / (iterations * actors) * 1e6)
+    return statistics.median(ours), statistics.median(plain)
+
+
+def two_devices(length: int, size: int, iterations: int, quota: int, repeats: int) -> tuple[float, float, list[float]]:
+    """(iterations/s on 1 device, on 2 devices, per-repeat ratios), medians."""
+    plans = {d: matmul_chain(length, size, d, quota) for d in (1, 2)}
+    x = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
+    feeds = [{"x": x}] * iterations
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    for _ in range(repeats):
+        for d in (1, 2):
+            rates[d].append(iterations / timed_run(plans[d], feeds)[0])
+    ratios = [b / a for a, b in zip(rates[1], rates[2])]
+    return statistics.median(rates[1]), statistics.median(rates[2]), ratios
+
+
+def in_flight(length: int, size: int, iterations: int, quota: int) -> int:
+    plan = matmul_chain(length, size, 2, quota)
+    x = np.zeros((size, size), np.float32)
+    _, stats = timed_run(plan, [{"x": x}] * iterations)
+    return max(s["max_held"] for s in stats.values())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=5, help="runs per figure; medians are printed (default 5)")
+    p.add_argument("--actors", type=int, default=8, help="no-op actors in the chain of (a) (default 8)")
+    p.add_argument("--iterations", type=int, default=2000, help="iterations of (a) (default 2000)")
+    p.add_argument("--length", type=int, default=16, help="matmuls in the chain of (b) (default 16)")
+    p.add_argument("--size", type=int, default=384, help="matrix size of (b) (default 384)")
+    p.add_argument("--steps", type=int, default=100, help="iterations of (b) and (c) (default 100)")
+    p.add_argument("--quick", action="store_true", help="a fast smoke run: few repeats and iterations")
+    args = p.parse_args()
+    if args.quick:
+        args.repeats, args.iterations, args.steps = 1, 200, 10
+
+    print(
+        f"actorflow overhead benchmark: python {platform.python_version()}, numpy {np.__version__}, "
+        f"{os.cpu_count()} cores, medians of {args.repeats} runs"
+    )
+    us_act, us_plain = host_overhead(args.actors, args.iterations, args.repeats)
+    one, two, ratios = two_devices(args.length, args.size, args.steps, 2, args.repeats)
+    held = {q: in_flight(args.length, args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
+
+    rows = [
+        (
+            f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations",
+            f"{us_act:.1f} us/act",
+            f"{us_plain:.2f} us/call (plain loop)",
+            f"+{us_act - us_plain:.1f} us/act",
+        ),
+        (
+            f"(b) {args.length} matmuls {args.size}x{args.size} f32, {args.steps} iterations, quota 2",
+            f"{two:.1f} it/s on 2 devices",
+            f"{one:.1f} it/s on 1 device",
+            f"{two / one:.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})",
+        ),
+    ]
+    rows += [
+        (f"(c) most buffers held by one register, quota {q}", f"{h} held", f"quota {q}", "equal" if h == q else "differs")
+        for q, h in held.items()
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    header = ("measure", "actorflow", "baseline", "ratio")
+    widths = [max(w, len(h)) for w, h in zip(widths, header)]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
