@@ -33,8 +33,27 @@ def fail(op: str, message: str) -> GraphError:
     return GraphError(f"{op}: {message} (at {user_line()})")
 
 
-def check_inputs(op: str, inputs: Sequence[Any]) -> None:
+def axis_of(op: str, axis: Any, ndim: int) -> int:
+    """``axis`` of a tensor with ``ndim`` dims, negatives counted from the end."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -ndim <= axis < ndim:
+        raise fail(op, f"axis {axis!r} is out of range for a tensor of {ndim} dims")
+    return int(axis) % ndim
+
+
+def float_dtype(dtype: str) -> str:
+    """The dtype of a result that must be real-valued: floats stay, integers become float64."""
+    return dtype if np.issubdtype(np.dtype(dtype), np.floating) else "float64"
+
+
+def graph_for(op: str):
     graph = current_graph()
+    if graph is None:
+        raise GraphError(f"{op}: no graph is being built: create ops inside `with af.Graph() as g:`")
+    return graph
+
+
+def check_inputs(op: str, inputs: Sequence[Any]) -> None:
+    graph = graph_for(op)
     for t in inputs:
         if not isinstance(t, Tensor):
             raise fail(op, f"expected a tensor, got {type(t).__name__}")
@@ -48,14 +67,20 @@ def add_node(
     outputs: Sequence[tuple[tuple[int, ...], str, str]],
     attrs: dict[str, Any] | None = None,
     name: str | None = None,
+    label: str | None = None,
 ) -> list[Tensor]:
-    """Add one node; ``outputs`` are (shape, dtype, device) triples; returns their tensors."""
-    check_inputs(op, inputs)
-    graph = current_graph()
+    """Add one node; ``outputs`` are (shape, dtype, device) triples; returns their tensors.
+
+    ``label``: the op's name as the user called it, for errors (``placeholder`` adds a
+    ``feed`` node).
+    """
+    label = label or op
+    check_inputs(label, inputs)
+    graph = graph_for(label)
     try:
         name = graph.unique_name(name, op)
     except ValueError as e:
-        raise fail(op, str(e)) from None
+        raise fail(label, str(e)) from None
     metas = tuple(
         TensorMeta(
             tuple(int(d) for d in shape),
@@ -104,6 +129,7 @@ def placeholder(
         [],
         [(shape, dtype_of("placeholder", dtype), device_of("placeholder", device))],
         name=name,
+        label="placeholder",
     )
     return t
 
@@ -117,11 +143,11 @@ def parameter(name: str, value: Any, device: str = "cpu:0") -> Tensor:
         [(value.shape, value.dtype.name, device_of("parameter", device))],
         attrs={"value": value},
         name=name,
+        label="parameter",
     )
     return t
 
 
 def output(name: str, tensor: Tensor) -> None:
     """Return ``tensor`` from each iteration under ``name``."""
-    check_inputs("output", [tensor])
-    add_node("fetch", [tensor], [], name=name)
+    add_node("fetch", [tensor], [], name=name, label="output")

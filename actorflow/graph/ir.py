@@ -7,7 +7,6 @@ from typing import Any
 
 import attrs
 
-from ..errors import GraphError
 
 
 @attrs.frozen
@@ -86,8 +85,12 @@ class Graph:
         return self.nodes[ref[0]].outputs[ref[1]]
 
     def unique_name(self, name: str | None, op: str) -> str:
+        """``name``, refused if taken; or a fresh ``op_N`` that no user name has taken."""
         if name is None:
-            name = f"{op}_{len(self.nodes)}"
+            n = len(self.nodes)
+            while f"{op}_{n}" in self._names:
+                n += 1
+            name = f"{op}_{n}"
         elif name in self._names:
             raise ValueError(f"the name {name!r} is used twice in this graph")
         self._names.add(name)
@@ -100,8 +103,6 @@ class Graph:
 _current: ContextVar[Graph | None] = ContextVar("actorflow_graph", default=None)
 
 
-def current_graph() -> Graph:
-    graph = _current.get()
-    if graph is None:
-        raise GraphError("no graph is being built: create ops inside `with af.Graph() as g:`")
-    return graph
+def current_graph() -> Graph | None:
+    """The graph being built by the innermost ``with af.Graph()``, if any."""
+    return _current.get()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..graph.builder import add_node, check_inputs, device_of, fail
+from ..graph.builder import add_node, axis_of, check_inputs, device_of, fail, float_dtype
 from ..graph.ir import Tensor
 from . import kernels
 from .registry import register
@@ -33,38 +33,34 @@ def _group(op: str, tensors: Sequence[Tensor]) -> list[Tensor]:
     return tensors
 
 
-def _axis(op: str, axis: int, ndim: int) -> int:
-    if not -ndim <= axis < ndim:
-        raise fail(op, f"axis {axis} is out of range for tensors of {ndim} dims")
-    return axis % ndim
-
-
-def _collective(op, tensors, shape, attrs, name) -> list[Tensor]:
-    outputs = [(shape, t.dtype, t.device) for t in tensors]
+def _collective(op, tensors, shape, attrs, name, dtype=None) -> list[Tensor]:
+    outputs = [(shape, dtype or t.dtype, t.device) for t in tensors]
     return add_node(op, tensors, outputs, attrs, name)
 
 
 def all_reduce(tensors: Sequence[Tensor], op: str = "sum", *, name: str | None = None) -> list[Tensor]:
-    """Reduce (sum, mean or max) elementwise over devices; every device gets the result."""
+    """Reduce (sum, mean or max) elementwise over devices; every device gets the result.
+    A mean of integers is float64."""
     tensors = _group("all_reduce", tensors)
     if op not in ("sum", "mean", "max"):
         raise fail("all_reduce", f"op {op!r} is not one of 'sum', 'mean', 'max'")
-    return _collective("all_reduce", tensors, tensors[0].shape, {"op": op}, name)
+    dtype = float_dtype(tensors[0].dtype) if op == "mean" else None
+    return _collective("all_reduce", tensors, tensors[0].shape, {"op": op}, name, dtype)
 
 
 def all_gather(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None) -> list[Tensor]:
-    """Concatenate every device's tensor along ``axis``, in device order; every device gets it."""
+    """Concatenate the tensors along ``axis``, in list order; every device gets the result."""
     tensors = _group("all_gather", tensors)
-    axis = _axis("all_gather", axis, tensors[0].ndim)
+    axis = axis_of("all_gather", axis, tensors[0].ndim)
     shape = list(tensors[0].shape)
     shape[axis] *= len(tensors)
     return _collective("all_gather", tensors, tuple(shape), {"axis": axis}, name)
 
 
 def reduce_scatter(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None) -> list[Tensor]:
-    """Sum over devices, then device k keeps the k-th of n equal chunks along ``axis``."""
+    """Sum over devices; the k-th tensor's device keeps the k-th of n equal chunks along ``axis``."""
     tensors = _group("reduce_scatter", tensors)
-    axis = _axis("reduce_scatter", axis, tensors[0].ndim)
+    axis = axis_of("reduce_scatter", axis, tensors[0].ndim)
     shape = list(tensors[0].shape)
     if shape[axis] % len(tensors):
         raise fail(
@@ -82,12 +78,13 @@ def all_to_all(
     *,
     name: str | None = None,
 ) -> list[Tensor]:
-    """Device i sends the k-th chunk (along ``split_axis``) of its tensor to device k, which
-    concatenates what it receives along ``concat_axis``, in device order."""
+    """The i-th tensor's device sends the k-th chunk (along ``split_axis``) of its tensor to
+    the k-th tensor's device, which concatenates what it receives along ``concat_axis``, in
+    list order."""
     tensors = _group("all_to_all", tensors)
     ndim, n = tensors[0].ndim, len(tensors)
-    split_axis = _axis("all_to_all", split_axis, ndim)
-    concat_axis = _axis("all_to_all", concat_axis, ndim)
+    split_axis = axis_of("all_to_all", split_axis, ndim)
+    concat_axis = axis_of("all_to_all", concat_axis, ndim)
     shape = list(tensors[0].shape)
     if shape[split_axis] % n:
         raise fail(

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..graph.builder import add_node, check_inputs, device_of, dtype_of, fail
+from ..graph.builder import add_node, axis_of, check_inputs, device_of, dtype_of, fail, float_dtype
 from ..graph.ir import Tensor
 from . import kernels
 from .registry import register
@@ -29,12 +29,6 @@ def _dtype(op: str, inputs: Sequence[Tensor]) -> str:
     return dtypes[0]
 
 
-def _axis(op: str, axis: int, ndim: int) -> int:
-    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < max(ndim, 1):
-        raise fail(op, f"axis {axis!r} is out of range for a tensor of {ndim} dims")
-    return int(axis) % max(ndim, 1)
-
-
 def _compute(
     op: str,
     inputs: Sequence[Tensor],
@@ -53,19 +47,20 @@ def _compute(
     return t
 
 
-def _unary(op: str, kernel: Callable, doc: str) -> Callable[..., Tensor]:
+def _unary(op: str, kernel: Callable, doc: str, real: bool = False) -> Callable[..., Tensor]:
+    """``real``: the result is a float even for integer inputs (exp, log, ...)."""
     register(op, "compute", kernel)
 
     def build(x: Tensor, *, name: str | None = None) -> Tensor:
         check_inputs(op, [x])
-        return _compute(op, [x], x.shape, name=name)
+        return _compute(op, [x], x.shape, float_dtype(x.dtype) if real else None, name=name)
 
     build.__name__ = build.__qualname__ = op
     build.__doc__ = doc
     return build
 
 
-def _binary(op: str, kernel: Callable, doc: str) -> Callable[..., Tensor]:
+def _binary(op: str, kernel: Callable, doc: str, real: bool = False) -> Callable[..., Tensor]:
     register(op, "compute", kernel)
 
     def build(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
@@ -74,7 +69,8 @@ def _binary(op: str, kernel: Callable, doc: str) -> Callable[..., Tensor]:
             shape = np.broadcast_shapes(a.shape, b.shape)
         except ValueError:
             raise fail(op, f"shapes {a.shape} and {b.shape} do not broadcast") from None
-        return _compute(op, [a, b], shape, name=name)
+        dtype = _dtype(op, [a, b])
+        return _compute(op, [a, b], shape, float_dtype(dtype) if real else dtype, name=name)
 
     build.__name__ = build.__qualname__ = op
     build.__doc__ = doc
@@ -82,14 +78,14 @@ def _binary(op: str, kernel: Callable, doc: str) -> Callable[..., Tensor]:
 
 
 relu = _unary("relu", kernels.relu, "max(x, 0), elementwise.")
-gelu = _unary("gelu", kernels.gelu, "GELU, tanh approximation.")
-tanh = _unary("tanh", kernels.tanh, "tanh(x), elementwise.")
-exp = _unary("exp", kernels.exp, "e**x, elementwise.")
-log = _unary("log", kernels.log, "Natural log, elementwise.")
+gelu = _unary("gelu", kernels.gelu, "GELU, tanh approximation.", real=True)
+tanh = _unary("tanh", kernels.tanh, "tanh(x), elementwise.", real=True)
+exp = _unary("exp", kernels.exp, "e**x, elementwise.", real=True)
+log = _unary("log", kernels.log, "Natural log, elementwise.", real=True)
 add = _binary("add", kernels.add, "a + b with numpy broadcasting.")
 sub = _binary("sub", kernels.sub, "a - b with numpy broadcasting.")
 mul = _binary("mul", kernels.mul, "a * b with numpy broadcasting.")
-div = _binary("div", kernels.div, "a / b with numpy broadcasting.")
+div = _binary("div", kernels.div, "a / b with numpy broadcasting; integers give float64.", real=True)
 
 register("matmul", "compute", kernels.matmul)
 register("bias_add", "compute", kernels.add)
@@ -135,8 +131,8 @@ def bias_add(x: Tensor, bias: Tensor, *, name: str | None = None) -> Tensor:
 
 def softmax(x: Tensor, axis: int = -1, *, name: str | None = None) -> Tensor:
     check_inputs("softmax", [x])
-    axis = _axis("softmax", axis, x.ndim)
-    return _compute("softmax", [x], x.shape, attrs={"axis": axis}, name=name)
+    axis = axis_of("softmax", axis, x.ndim)
+    return _compute("softmax", [x], x.shape, float_dtype(x.dtype), {"axis": axis}, name)
 
 
 def _reduce(op: str, x: Tensor, axis, keepdims: bool, name: str | None, dtype: str | None = None) -> Tensor:
@@ -145,7 +141,7 @@ def _reduce(op: str, x: Tensor, axis, keepdims: bool, name: str | None, dtype: s
         axes = tuple(range(x.ndim))
     else:
         raw = axis if isinstance(axis, (tuple, list)) else (axis,)
-        axes = tuple(sorted({_axis(op, a, x.ndim) for a in raw}))
+        axes = tuple(sorted({axis_of(op, a, x.ndim) for a in raw}))
     shape = tuple(
         1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes
     )
@@ -160,8 +156,7 @@ def reduce_sum(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None
 
 def reduce_mean(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None = None) -> Tensor:
     """Mean over ``axis``; integer inputs give float64."""
-    dtype = x.dtype if np.issubdtype(np.dtype(x.dtype), np.floating) else "float64"
-    return _reduce("mean", x, axis, keepdims, name, dtype)
+    return _reduce("mean", x, axis, keepdims, name, float_dtype(x.dtype))
 
 
 def reduce_max(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None = None) -> Tensor:
@@ -196,7 +191,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None)
     if not tensors:
         raise fail("concat", "needs at least one tensor")
     first = tensors[0]
-    axis = _axis("concat", axis, first.ndim)
+    axis = axis_of("concat", axis, first.ndim)
     for t in tensors[1:]:
         if t.ndim != first.ndim or any(
             a != b for d, (a, b) in enumerate(zip(t.shape, first.shape)) if d != axis
@@ -212,7 +207,7 @@ def split(
 ) -> list[Tensor]:
     """Split along ``axis`` into ``sections`` equal parts, or parts of the given sizes."""
     check_inputs("split", [x])
-    axis = _axis("split", axis, x.ndim)
+    axis = axis_of("split", axis, x.ndim)
     size = x.shape[axis]
     if isinstance(sections, (int, np.integer)):
         if sections <= 0 or size % sections:

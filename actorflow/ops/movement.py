@@ -19,5 +19,5 @@ def to_device(x: Tensor, device: str, *, name: str | None = None) -> Tensor:
     device = device_of("to_device", device)
     if device == x.device:
         return x
-    (t,) = add_node("copy", [x], [(x.shape, x.dtype, device)], name=name)
+    (t,) = add_node("copy", [x], [(x.shape, x.dtype, device)], name=name, label="to_device")
     return t
