@@ -25,7 +25,7 @@ def compile(
     """Lower ``graph`` into a Plan.
 
     quota: buffers per register (default for all); quotas: per-tensor overrides, keyed by
-    tensor or tensor name; priority: compute-first launch order (False: topological only).
+    tensor or tensor name; priority: compute-first launch order (False: off, for comparison).
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
@@ -33,7 +33,7 @@ def compile(
     plan = order_collectives(plan)
     plan = insert_events(plan)
     plan = plan_registers(plan, quota, overrides)
-    plan = assign_priorities(plan, enabled=priority)
+    plan = assign_priorities(plan, compute_first=priority)
     return check(plan)
 
 

@@ -1,9 +1,12 @@
 """priorities: when several actors of one stream can act, the driver launches the lowest
-number first.
+number first, so it decides their order in the stream's queue.
 
-Compute first (PaddlePaddle #47471): an actor that waits on a collective's result is put
-after every actor that doesn't, so its event wait can't hold up compute that could run
-meanwhile. Ties go by topological order. ``enabled=False`` keeps topological order alone.
+Deeper first: an actor further down the graph goes ahead of one further up, so earlier
+iterations drain before later ones start (the way pipelines run backward before
+forward): the work another device waits for enters the queue first, and fewer buffers
+are held. Compute first (PaddlePaddle #47471), unless ``compute_first=False``: an actor
+that waits on a collective's result goes after every actor that doesn't, so its wait
+can't hold up compute that could run meanwhile.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from ..plan import Plan
 from .topology import data_edges, topological_order, unit_of
 
 
-def assign_priorities(plan: Plan, enabled: bool = True) -> Plan:
+def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
     unit = unit_of(plan)
     position = {u: k for k, u in enumerate(topological_order(data_edges(plan)))}
     collective_streams = {s.id for s in plan.streams if s.kind == "collective"}
@@ -25,8 +28,8 @@ def assign_priorities(plan: Plan, enabled: bool = True) -> Plan:
         return any(p >= 0 and stream_of[p] in collective_streams for p in producers)
 
     def key(actor):
-        late = enabled and actor.stream not in collective_streams and waits_on_collective(actor)
-        return (late, position[unit[actor.id]], actor.id)
+        late = compute_first and actor.stream not in collective_streams and waits_on_collective(actor)
+        return (late, -position[unit[actor.id]], actor.id)
 
     rank = {a.id: k for k, a in enumerate(sorted(plan.actors, key=key))}
     actors = tuple(attrs.evolve(a, priority=rank[a.id]) for a in plan.actors)
