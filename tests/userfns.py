@@ -39,3 +39,14 @@ def fail(a):
 def slow(a):
     time.sleep(2.0)
     return a
+
+
+blas_threads: list[int] = []
+
+
+def record_blas_threads(a):
+    """Identity that records how many threads BLAS would use on this stream thread."""
+    from threadpoolctl import threadpool_info
+
+    blas_threads.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
+    return a
