@@ -176,13 +176,13 @@ class Plan:
             decoded = msgpack.unpackb(
                 data, object_hook=_decode, use_list=False, strict_map_key=False
             )
-        except (ValueError, msgpack.UnpackException) as e:
-            raise PlanSerializationError(f"not a serialized Plan: {e}") from e
-        if not isinstance(decoded, dict) or decoded.get("format") != FORMAT_VERSION:
-            raise PlanSerializationError(
-                f"not a serialized Plan of format {FORMAT_VERSION}"
-            )
-        return _converter.structure(decoded["plan"], cls)
+            if not isinstance(decoded, dict) or decoded.get("format") != FORMAT_VERSION:
+                raise PlanSerializationError(f"not a serialized Plan of format {FORMAT_VERSION}")
+            return _converter.structure(decoded["plan"], cls)
+        except PlanSerializationError:
+            raise
+        except Exception as e:
+            raise PlanSerializationError(f"not a serialized Plan: {type(e).__name__}: {e}") from e
 
     def summary(self) -> str:
         """The Plan for people: streams, actors, quotas, events, collective order, memory."""

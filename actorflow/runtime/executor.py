@@ -31,6 +31,7 @@ class StreamExecutor:
         self._closed = False
         self.submitted = 0
         self.done = 0
+        self.running: Any = None
         self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
@@ -83,6 +84,7 @@ class StreamExecutor:
                         batch = []
                     if not stream.wait_until(point):
                         return
+            self.running = ctx
             start = time.perf_counter()
             try:
                 result = kernel(ins, outs)
@@ -91,6 +93,7 @@ class StreamExecutor:
                 self._post(batch)
                 return
             end = time.perf_counter()
+            self.running = None
             with self._cond:
                 self.done = seq
                 self._cond.notify_all()

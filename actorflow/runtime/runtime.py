@@ -73,6 +73,8 @@ class Runtime:
         try:
             return await self._stack.__aexit__(*exc_info)
         except BaseExceptionGroup as group:
+            if self._error is not None:
+                raise self._error from None
             raise _only_error(group) from None
 
     # -- wiring ------------------------------------------------------------------
@@ -168,6 +170,10 @@ class Runtime:
         """Run one iteration per feed dict; a single dict gives one dict of outputs back,
         a list gives a list. Iterations pipeline as far as the quotas allow."""
         single = feeds is None or isinstance(feeds, Mapping)
+        if not single and (not isinstance(feeds, Sequence) or isinstance(feeds, (str, bytes))):
+            raise FeedError(
+                f"feeds are a dict of name -> array, or a list of such dicts, not {type(feeds).__name__}"
+            )
         batch = [feeds or {}] if single else list(feeds)
         arrays = [self._check_feeds(f, k if not single else None) for k, f in enumerate(batch)]
         async with self._lock:
@@ -215,7 +221,7 @@ class Runtime:
         stream = self.plan.streams[actor.stream].name
         exc.add_note(
             f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r} "
-            f"at iteration {iteration}; the op was built at {actor.where}"
+            f"at iteration {iteration - self._base} of this run; the op was built at {actor.where}"
         )
         self.fail(exc)
 
@@ -261,7 +267,8 @@ class Runtime:
         plan = self.plan
         lines = [
             f"no actor acted for {idle:.1f} s (stall_timeout={self.stall_timeout} s); "
-            f"iterations {self._base}..{self._iterations - 1} are unfinished. Waiting actors:"
+            f"iterations 0..{self._iterations - self._base - 1} of this run are unfinished. "
+            "Waiting actors:"
         ]
         for member in self._members.values():
             actor, state = member.actor, member.state
@@ -279,11 +286,17 @@ class Runtime:
                 reasons.append(f"no credit on output {reg.name!r} (all {reg.quota} held by {holders})")
             stream = plan.streams[actor.stream].name
             lines.append(
-                f"  {actor.name} on {stream}, iteration {state.iteration}: "
+                f"  {actor.name} on {stream}, iteration {state.iteration - self._base}: "
                 + ("; ".join(reasons) or "can act, waiting for its turn")
             )
         for driver in self._drivers:
             ex = driver.executor
+            if ex.running is not None:
+                unit, iteration = ex.running[0], ex.running[1]
+                lines.append(
+                    f"  stream {driver.name} is still running {unit.name!r} "
+                    f"(iteration {iteration - self._base})"
+                )
             if ex.submitted > ex.done:
                 lines.append(f"  stream {driver.name}: {ex.submitted - ex.done} launched kernels not finished")
             if driver.ordered and driver.units:
