@@ -1,0 +1,208 @@
+"""The Plan as data: msgpack round trip, serialization errors, summary()."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+import actorflow as af
+
+import userfns
+
+
+def build_graph(fn=userfns.double):
+    rng = np.random.default_rng(0)
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(4, 8), dtype="float32", device="cpu:0")
+        w = af.parameter("w", rng.standard_normal((8, 3)).astype(np.float32), device="cpu:0")
+        b = af.parameter("b", np.arange(3, dtype=np.float64), device="cpu:1")
+        h = af.ops.relu(af.ops.matmul(x, w, name="mm"), name="h")
+        h1 = af.ops.to_device(h, "cpu:1", name="cp")
+        r = af.ops.all_reduce([h, h1], op="mean", name="ar")
+        z = af.ops.call(fn, r[1], shape=(4, 3), dtype="float32", name="user")
+        s = af.ops.reduce_sum(af.ops.transpose(z, name="t"), axis=(0,), keepdims=True, name="rsum")
+        g0 = af.ops.all_gather([r[0], af.ops.slice(z, [0], [4], name="sl")], axis=1, name="ag")
+        af.output("y", z)
+        af.output("s", s)
+        af.output("g", g0[0])
+        af.output("bias", af.ops.exp(b, name="eb"))
+    return g
+
+
+@pytest.fixture
+def plan():
+    return af.compile(build_graph(), quota=2, quotas={"h": 3})
+
+
+def feeds(k: int = 0) -> dict:
+    return {"x": np.random.default_rng(k).standard_normal((4, 8)).astype(np.float32)}
+
+
+# -- round trip -----------------------------------------------------------------------
+
+
+def test_round_trip_is_equal(plan):
+    data = plan.to_bytes()
+    assert isinstance(data, bytes)
+    back = af.Plan.from_bytes(data)
+    assert back == plan
+    assert back.to_bytes() == data
+
+
+def test_round_trip_keeps_parameters_collectives_and_functions(plan):
+    back = af.Plan.from_bytes(plan.to_bytes())
+    assert [p.name for p in back.parameters] == ["w", "b"]
+    for p, q in zip(plan.parameters, back.parameters):
+        np.testing.assert_array_equal(p.value, q.value)
+        assert p.value.dtype == q.value.dtype
+        assert p.value.shape == q.value.shape
+        assert q.value.flags.writeable
+    assert [c.name for c in back.collectives] == ["ar", "ag"]
+    assert back.collectives == plan.collectives
+    user = next(a for a in back.actors if a.name == "user")
+    assert user.attrs["fn"] is userfns.double
+    for a, b in zip(plan.actors, back.actors):
+        assert b.kernel is a.kernel
+    assert back.memory == plan.memory
+    assert back.streams == plan.streams
+    assert back.events == plan.events
+    assert [r.quota for r in back.registers] == [r.quota for r in plan.registers]
+
+
+def test_round_tripped_plan_gives_the_same_outputs(plan):
+    back = af.Plan.from_bytes(plan.to_bytes())
+    batch = [feeds(k) for k in range(3)]
+    want = af.run(plan, batch)
+    got = af.run(back, batch)
+    assert len(got) == len(want) == 3
+    for w, g in zip(want, got):
+        assert set(w) == set(g) == {"y", "s", "g", "bias"}
+        for name in w:
+            np.testing.assert_array_equal(w[name], g[name])
+
+
+def test_round_trip_of_a_plan_without_parameters_or_collectives():
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(3,), dtype="int32", device="cpu:0")
+        af.output("y", af.ops.relu(x))
+    plan = af.compile(g, quota=1)
+    back = af.Plan.from_bytes(plan.to_bytes())
+    assert back == plan
+    out = af.run(back, {"x": np.array([-1, 0, 5], np.int32)})
+    np.testing.assert_array_equal(out["y"], [0, 0, 5])
+
+
+# -- to_bytes errors -----------------------------------------------------------------------
+
+
+def test_lambda_does_not_serialize_and_the_error_names_the_actor():
+    plan = af.compile(build_graph(fn=lambda a: a * 2))
+    with pytest.raises(af.PlanSerializationError, match="'user'") as info:
+        plan.to_bytes()
+    assert "lambda" in str(info.value)
+
+
+def test_local_function_does_not_serialize_and_the_error_names_the_actor():
+    def local_double(a):
+        return a * 2
+
+    plan = af.compile(build_graph(fn=local_double))
+    with pytest.raises(af.PlanSerializationError, match="'user'") as info:
+        plan.to_bytes()
+    assert "local_double" in str(info.value)
+
+
+def test_unserializable_plan_still_runs():
+    plan = af.compile(build_graph(fn=lambda a: a * 2))
+    out = af.run(plan, feeds())
+    ref = af.run(af.compile(build_graph()), feeds())
+    np.testing.assert_array_equal(out["y"], ref["y"])
+
+
+# -- from_bytes errors ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"not a plan at all",
+        bytes(range(256)),
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb(7),
+        msgpack.packb({"format": 999, "plan": {}}),
+        msgpack.packb({"hello": "world"}),
+    ],
+    ids=["empty", "text", "bytes", "list", "int", "format", "dict"],
+)
+def test_garbage_is_a_plan_serialization_error(data):
+    with pytest.raises(af.PlanSerializationError):
+        af.Plan.from_bytes(data)
+
+
+def test_truncated_plan_is_a_plan_serialization_error(plan):
+    data = plan.to_bytes()
+    for cut in (1, len(data) // 2, len(data) - 1):
+        with pytest.raises(af.PlanSerializationError):
+            af.Plan.from_bytes(data[:cut])
+
+
+def test_plan_naming_a_missing_function_is_a_plan_serialization_error(plan):
+    data = plan.to_bytes().replace(b"userfns:double", b"userfns:nosuch")
+    with pytest.raises(af.PlanSerializationError, match="userfns:nosuch"):
+        af.Plan.from_bytes(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb({"format": 1, "plan": {}}),
+        msgpack.packb({"format": 1}),
+        msgpack.packb({"format": 1, "plan": {"actors": 3, "registers": []}}),
+        msgpack.packb({"format": 1, "plan": {"__function__": 5}}),
+    ],
+    ids=["empty-plan", "no-plan", "wrong-types", "bad-function"],
+)
+def test_corrupt_plan_is_a_plan_serialization_error(data):
+    with pytest.raises(af.PlanSerializationError):
+        af.Plan.from_bytes(data)
+
+
+# -- summary --------------------------------------------------------------------------------
+
+
+def test_summary_mentions_streams_actors_quotas_events_collectives_and_memory(plan):
+    text = plan.summary()
+    assert text.splitlines()[0] == (
+        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
+        f"2 collectives, {len(plan.events)} events"
+    )
+    for s in plan.streams:
+        assert f"stream {s.name}" in text
+    for a in plan.actors:
+        assert a.name in text
+    assert "out h: float32[4, 3] quota 3" in text
+    assert "out mm: float32[4, 3] quota 2" in text
+    assert "w (parameter)" in text
+    assert "x (event)" in text  # mm waits on the feed's event
+    assert "h (completion)" in text  # the copy stream of cpu:1 is fed by several streams
+    assert "events (producer -> consumer" in text
+    assert "x (cpu:0/copy) -> mm (cpu:0/compute)" in text
+    assert "collective order" in text
+    assert "0. ar (all_reduce over 2 devices)" in text
+    assert "1. ag (all_gather over 2 devices)" in text
+    assert "planned memory" in text
+    for device, nbytes in plan.memory.items():
+        assert f"{device}: {nbytes / 1024:.1f} KiB" in text
+
+
+def test_summary_lists_collectives_in_plan_order():
+    with af.Graph() as g:
+        x0 = af.placeholder("x0", shape=(2,), device="cpu:0")
+        x1 = af.placeholder("x1", shape=(2,), device="cpu:1")
+        a = af.ops.all_reduce([x0, x1], name="first")
+        b = af.ops.all_reduce([af.ops.exp(a[0]), af.ops.exp(a[1])], name="second")
+        af.output("y", b[0])
+    text = af.compile(g).summary()
+    assert text.index("0. first") < text.index("1. second")
