@@ -13,6 +13,7 @@ from actorflow.compiler.collective_order import order_collectives
 from actorflow.compiler.streams import assign_streams
 
 import userfns
+from graphs import two_collective_graph
 
 
 def by_name(plan: af.Plan) -> dict:
@@ -50,18 +51,6 @@ def two_device_graph():
         r = af.ops.all_reduce([h, h1], op="sum", name="ar")
         z = af.ops.call(userfns.double, r[1], shape=(4, 3), dtype="float32", name="z")
         af.output("y", z)
-    return g
-
-
-def two_collective_graph():
-    """ar2 consumes (through relus) the results of ar1."""
-    with af.Graph() as g:
-        x0 = af.placeholder("x0", shape=(2, 3), device="cpu:0")
-        x1 = af.placeholder("x1", shape=(2, 3), device="cpu:1")
-        a = af.ops.all_reduce([x0, x1], name="ar1")
-        b = af.ops.all_reduce([af.ops.relu(a[0], name="r0"), af.ops.relu(a[1], name="r1")], name="ar2")
-        af.output("y0", b[0])
-        af.output("y1", b[1])
     return g
 
 
