@@ -152,8 +152,9 @@ def test_graph_is_still_usable_after_an_error():
             ops.relu(x, name="x")
         af.output("y", ops.relu(x))
     n_nodes = len(g.nodes)
-    # "bad" feeds nothing that is fetched, so the plan drops it and does not want it fed
-    out = af.run(af.compile(g), {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32)})
+    # "bad" was declared before the failing add, so it is a placeholder like any other
+    feeds = {"x": np.array([[-1, 2, -3], [4, -5, 6]], np.float32), "bad": np.zeros((3, 2), np.float32)}
+    out = af.run(af.compile(g), feeds)
     np.testing.assert_array_equal(out["y"], [[0, 2, 0], [4, 0, 6]])
     assert n_nodes == len(g.nodes)
 

@@ -124,16 +124,27 @@ def test_expand_drops_dead_ops():
     assert names == {"x", "mm", "h", "cp", "ar[cpu:0]", "ar[cpu:1]", "z", "y"}
 
 
-def test_expand_drops_dead_parameters_and_placeholders():
+def test_expand_drops_dead_parameters_but_keeps_every_placeholder():
     with af.Graph() as g:
         x = af.placeholder("x", shape=(2, 2), device="cpu:0")
         af.placeholder("unused", shape=(2, 2), device="cpu:0")
         af.parameter("unused_w", np.zeros((2, 2), np.float32), device="cpu:0")
         af.output("y", af.ops.relu(x))
     plan = expand(g)
-    assert [f.name for f in plan.feeds] == ["x"]
+    assert [f.name for f in plan.feeds] == ["x", "unused"]
     assert plan.parameters == ()
-    assert {r.name for r in plan.registers} == {"x", "relu_3"}
+    assert {r.name for r in plan.registers} == {"x", "unused", "relu_3"}
+
+
+def test_an_unused_placeholder_is_still_fed():
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(2, 2), device="cpu:0")
+        af.placeholder("unused", shape=(2, 2), device="cpu:1")
+        af.output("y", af.ops.relu(x))
+    xs = np.array([[-1, 2], [3, -4]], np.float32)
+    outs = af.run(af.compile(g), [{"x": xs, "unused": xs}] * 3)
+    for out in outs:
+        np.testing.assert_array_equal(out["y"], np.maximum(xs, 0))
 
 
 def test_expand_parameters_become_registers_with_no_producer():

@@ -1,6 +1,7 @@
 """expand: the logical graph -> actors and registers, one actor per op per device.
 
-Ops that no output depends on are dropped. A collective becomes one actor per
+Ops that no output depends on are dropped, except placeholders: a declared feed is
+always accepted. A collective becomes one actor per
 participating device; ``to_device`` becomes a copy actor; placeholders and outputs become
 feed and fetch actors at the host's edge; parameters become registers with no producer.
 """
@@ -93,9 +94,10 @@ def _participant_devices(graph: Graph, node: Node) -> list[str]:
 
 
 def _live_nodes(graph: Graph) -> set[int]:
-    """Nodes some output depends on; a collective is live if any of its results is used."""
+    """Placeholders, and nodes some output depends on; a collective is live if any of its
+    results is used."""
     live: set[int] = set()
-    stack = [n.id for n in graph.nodes if n.op == "fetch"]
+    stack = [n.id for n in graph.nodes if n.op in ("fetch", "feed")]
     while stack:
         node = stack.pop()
         if node not in live:
