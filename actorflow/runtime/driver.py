@@ -65,7 +65,7 @@ class Member:
 class Unit:
     """What a driver launches as one kernel: one actor, or a collective's participants."""
 
-    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch")
+    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "urgent")
 
     def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel) -> None:
         self.id = id
@@ -76,8 +76,16 @@ class Unit:
         self.driver: Driver | None = None
         self.feed: str | None = None
         self.fetch: str | None = None
+        self.urgent = False
         for m in members:
             m.unit = self
+
+    def finish_wiring(self) -> None:
+        """Decide once whether another stream or the host waits on this unit's completions:
+        it frees inputs of other streams, readies consumers at completion, or fetches."""
+        self.urgent = self.fetch is not None or any(
+            (spec.param is None and not spec.same_stream) for m in self.members for spec in m.inputs
+        ) or any(not early for m in self.members for o in m.outputs for _, _, early in o.consumers)
 
     def can_act(self) -> bool:
         for m in self.members:
@@ -186,7 +194,9 @@ class Driver:
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         later: list = []
-        seq = self.executor.submit(unit.kernel, ins, outs, waits, (unit, iteration, frees, later))
+        seq = self.executor.submit(
+            unit.kernel, ins, outs, waits, (unit, iteration, frees, later), unit.urgent
+        )
         self.runtime.progress += 1
         event = (self.executor, seq)
         for m, buffers in zip(unit.members, taken):

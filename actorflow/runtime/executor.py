@@ -1,10 +1,14 @@
 """A stream: one dedicated OS thread running launched kernels in order, like a CUDA stream.
 
 Events are timeline points: "kernel number ``seq`` of stream S has finished". A kernel
-waits for its events on its own thread, never on the host. Completions go back to trio in
-batches through ``run_sync_soon``: flushed whenever the thread is about to block, and once
-``FLUSH_AFTER`` seconds have passed since the batch's first kernel started, since a completion returns credits that
-other streams may be waiting for. Tiny kernels share a wake-up; long ones report at once.
+waits for its events on its own thread, never on the host.
+
+Completions go back to trio in batches through ``run_sync_soon``. Each hand-over costs a
+GIL switch or two (tens of µs here), so a batch is posted when the thread is about to
+block; once it holds an *urgent* completion (one that returns credits to another stream,
+tells another stream "ready", or carries a result for the host) and its first kernel
+started ``URGENT_AFTER`` seconds ago, so a long kernel reports at once while tiny ones
+share a wake-up; and otherwise ``FLUSH_AFTER`` seconds after its first kernel started.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from typing import Any
 import trio
 
 _STOP = None
-FLUSH_AFTER = 200e-6
+URGENT_AFTER = 50e-6
+FLUSH_AFTER = 0.01
 
 
 class StreamExecutor:
@@ -29,6 +34,7 @@ class StreamExecutor:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._cond = threading.Condition()
         self._closed = False
+        self._waiters = 0
         self.submitted = 0
         self.done = 0
         self.running: Any = None
@@ -37,17 +43,21 @@ class StreamExecutor:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any) -> int:
+    def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any, urgent: bool) -> int:
         """Queue a kernel; returns its sequence number, the event others may wait on."""
         self.submitted += 1
-        self._queue.put((self.submitted, kernel, ins, outs, waits, ctx))
+        self._queue.put((self.submitted, kernel, ins, outs, waits, ctx, urgent))
         return self.submitted
 
     def wait_until(self, seq: int) -> bool:
         """Block this (other) stream's thread until kernel ``seq`` finished; False if closed."""
         with self._cond:
-            while self.done < seq and not self._closed:
-                self._cond.wait()
+            self._waiters += 1
+            try:
+                while self.done < seq and not self._closed:
+                    self._cond.wait()
+            finally:
+                self._waiters -= 1
             return self.done >= seq
 
     def close(self) -> None:
@@ -66,6 +76,7 @@ class StreamExecutor:
     def _loop(self) -> None:
         batch: list = []
         oldest = 0.0
+        pressing = False
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -76,7 +87,7 @@ class StreamExecutor:
                 item = self._queue.get()
             if item is _STOP or self._closed:
                 break
-            seq, kernel, ins, outs, waits, ctx = item
+            seq, kernel, ins, outs, waits, ctx, urgent = item
             for stream, point in waits:
                 if stream.done < point:
                     if batch:
@@ -94,13 +105,17 @@ class StreamExecutor:
                 return
             end = time.perf_counter()
             self.running = None
-            with self._cond:
-                self.done = seq
-                self._cond.notify_all()
+            self.done = seq
+            if self._waiters:
+                with self._cond:
+                    self._cond.notify_all()
             if not batch:
                 oldest = start
+                pressing = False
             batch.append((ctx, result, start, end, True))
-            if end - oldest > FLUSH_AFTER:
+            pressing = pressing or urgent
+            age = end - oldest
+            if (pressing and age > URGENT_AFTER) or age > FLUSH_AFTER:
                 self._post(batch)
                 batch = []
         if batch:

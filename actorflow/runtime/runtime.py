@@ -110,6 +110,8 @@ class Runtime:
             self._members[feed.actor].unit.feed = feed.name
         for out in plan.outputs:
             self._members[out.actor].unit.fetch = out.name
+        for unit in self.units:
+            unit.finish_wiring()
 
         for stream in plan.streams:
             ordered = stream.kind == "collective"
