@@ -12,6 +12,7 @@ it on trio with streams, events and register quotas::
 """
 
 from . import ops
+from .autodiff import gradients
 from .compiler import compile
 from .errors import (
     ActorflowError,
@@ -29,5 +30,5 @@ from .runtime import Runtime, Session, run
 __all__ = [
     "ActorflowError", "CompileError", "DeadlockError", "FeedError", "Graph", "GraphError",
     "Plan", "PlanSerializationError", "Runtime", "Session", "StallError", "Tensor",
-    "compile", "ops", "output", "parameter", "placeholder", "run",
+    "compile", "gradients", "ops", "output", "parameter", "placeholder", "run",
 ]

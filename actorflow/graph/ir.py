@@ -84,6 +84,10 @@ class Graph:
     def meta(self, ref: tuple[int, int]) -> TensorMeta:
         return self.nodes[ref[0]].outputs[ref[1]]
 
+    def tensor(self, ref: tuple[int, int]) -> Tensor:
+        """The handle on output ``ref[1]`` of node ``ref[0]``."""
+        return Tensor(self, ref[0], ref[1], self.meta(ref))
+
     def unique_name(self, name: str | None, op: str) -> str:
         """``name``, refused if taken; or a fresh ``op_N`` that no user name has taken."""
         if name is None:

@@ -8,6 +8,7 @@ from .compute import (
     concat,
     div,
     exp,
+    full,
     gelu,
     log,
     matmul,
@@ -24,6 +25,7 @@ from .compute import (
     tanh,
     transpose,
 )
+from .gradient_ops import relu_grad, sum_to
 from .movement import to_device
 from .registry import OpDef, lookup
 
@@ -34,7 +36,7 @@ slice = slice_
 
 __all__ = [
     "OpDef", "add", "all_gather", "all_reduce", "all_to_all", "bias_add", "broadcast",
-    "call", "concat", "div", "exp", "gelu", "log", "lookup", "matmul", "max", "mean",
-    "mul", "reduce_scatter", "relu", "reshape", "slice", "softmax", "split", "sub", "sum",
+    "call", "concat", "div", "exp", "full", "gelu", "log", "lookup", "matmul", "max", "mean",
+    "mul", "reduce_scatter", "relu", "relu_grad", "reshape", "slice", "softmax", "split", "sub", "sum", "sum_to",
     "tanh", "to_device", "transpose",
 ]

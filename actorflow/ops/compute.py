@@ -99,6 +99,7 @@ register("concat", "compute", kernels.concat)
 register("split", "compute", kernels.split)
 register("slice", "compute", kernels.slice_)
 register("call", "compute", kernels.call)
+register("full", "compute", kernels.full)
 
 
 def matmul(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
@@ -266,6 +267,20 @@ def call(
         inputs,
         [(tuple(shape), dtype_of("call", dtype), where)],
         {"fn": fn},
+        name,
+    )
+    return t
+
+
+def full(
+    shape: Sequence[int], value: float, dtype="float32", device: str = "cpu:0", *, name: str | None = None
+) -> Tensor:
+    """A tensor of ``shape`` holding ``value`` everywhere, rewritten each iteration."""
+    (t,) = add_node(
+        "full",
+        [],
+        [(tuple(int(d) for d in shape), dtype_of("full", dtype), device_of("full", device))],
+        {"value": float(value)},
         name,
     )
     return t

@@ -126,6 +126,10 @@ def call(ins, outs, fn):
     np.copyto(out, result, casting="same_kind")
 
 
+def full(ins, outs, value):
+    outs[0].fill(value)
+
+
 def copy(ins, outs):
     """A device-to-device copy, a feed from the host, or the like: one array into another."""
     np.copyto(outs[0], ins[0])
