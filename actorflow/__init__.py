@@ -11,7 +11,7 @@ it on trio with streams, events and register quotas::
     out = af.run(plan, {"x": xs})
 """
 
-from . import ops
+from . import ops, optim
 from .autodiff import gradients
 from .compiler import compile
 from .errors import (
@@ -24,11 +24,12 @@ from .errors import (
     StallError,
 )
 from .graph import Graph, Tensor, output, parameter, placeholder
+from .optim import minimize
 from .plan import Plan
 from .runtime import Runtime, Session, run
 
 __all__ = [
     "ActorflowError", "CompileError", "DeadlockError", "FeedError", "Graph", "GraphError",
     "Plan", "PlanSerializationError", "Runtime", "Session", "StallError", "Tensor",
-    "compile", "gradients", "ops", "output", "parameter", "placeholder", "run",
+    "compile", "gradients", "minimize", "ops", "optim", "output", "parameter", "placeholder", "run",
 ]

@@ -66,7 +66,10 @@ class Register:
     """An actor output: ``quota`` buffers of one shape and dtype on one device.
 
     A parameter's register has no producer (``producer == -1``): it holds one buffer
-    that is always readable and takes no part in the credit protocol.
+    that is always readable and takes no part in the credit protocol. A parameter that
+    an optimizer updates is instead produced by a ``variable`` actor, once per iteration,
+    with quota 1, so the update can wait for every read. A ``control`` register carries
+    no data, only the order "producer before consumer"; kernels never see it.
     """
 
     id: int
@@ -77,6 +80,7 @@ class Register:
     dtype: str
     consumers: tuple[Consumer, ...] = ()
     quota: int = 1
+    control: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -132,9 +136,13 @@ class Output:
 
 @attrs.frozen
 class Parameter:
+    """A tensor that lives across iterations, with its initial value. ``state``: an
+    optimizer's own (momentum, moments), not a model parameter."""
+
     name: str
     register: int
     value: np.ndarray = attrs.field(eq=attrs.cmp_using(eq=np.array_equal))
+    state: bool = False
 
 
 @attrs.frozen

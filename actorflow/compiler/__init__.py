@@ -13,6 +13,7 @@ from .expand import expand
 from .priorities import assign_priorities
 from .registers import plan_registers
 from .streams import assign_streams
+from .updates import order_updates
 
 
 def compile(
@@ -29,6 +30,7 @@ def compile(
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
+    plan = order_updates(plan)
     plan = assign_streams(plan)
     plan = order_collectives(plan)
     plan = insert_events(plan)

@@ -1,9 +1,10 @@
 """expand: the logical graph -> actors and registers, one actor per op per device.
 
-Ops that no output depends on are dropped, except placeholders: a declared feed is
-always accepted. A collective becomes one actor per
-participating device; ``to_device`` becomes a copy actor; placeholders and outputs become
-feed and fetch actors at the host's edge; parameters become registers with no producer.
+Ops that no output or update depends on are dropped, except placeholders: a declared
+feed is always accepted. A collective becomes one actor per participating device;
+``to_device`` becomes a copy actor; placeholders and outputs become feed and fetch actors
+at the host's edge; parameters become registers with no producer, except those an
+optimizer updates, which become variable actors (see ``plan.Register``).
 """
 
 from __future__ import annotations
@@ -48,13 +49,18 @@ def expand(graph: Graph) -> Plan:
         actors.append(actor)
         return actor.id
 
+    updated = {n.inputs[0][0] for n in graph.nodes if n.id in live and lookup(n.op).kind == "update"}
     for node in graph.nodes:
         if node.id not in live:
             continue
         kind = lookup(node.op).kind
-        if kind == "parameter":
-            reg = new_register(-1, node, 0)
+        if kind == "parameter" and node.id in updated:
+            actor = new_actor(attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0])
+            reg = actors[actor].outputs[0]
             parameters.append(Parameter(node.name, reg, node.attrs["value"]))
+        elif kind == "parameter":
+            reg = new_register(-1, node, 0)
+            parameters.append(Parameter(node.name, reg, node.attrs["value"], node.attrs["state"]))
         elif kind == "collective":
             participants = []
             group = len(collectives)
@@ -94,10 +100,10 @@ def _participant_devices(graph: Graph, node: Node) -> list[str]:
 
 
 def _live_nodes(graph: Graph) -> set[int]:
-    """Placeholders, and nodes some output depends on; a collective is live if any of its
-    results is used."""
+    """Placeholders, and nodes some output or update depends on; a collective is live if
+    any of its results is used."""
     live: set[int] = set()
-    stack = [n.id for n in graph.nodes if n.op in ("fetch", "feed")]
+    stack = [n.id for n in graph.nodes if lookup(n.op).kind in ("fetch", "feed", "update")]
     while stack:
         node = stack.pop()
         if node not in live:

@@ -1,5 +1,6 @@
-"""plan registers: a quota per register (the default, or a per-tensor override), and the
-planned memory per device: every buffer is allocated once, so the peak is the total."""
+"""plan registers: a quota per register (the default, or a per-tensor override; a
+parameter or variable has exactly one buffer), and the planned memory per device: every
+buffer is allocated once, so the peak is the total."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def plan_registers(plan: Plan, quota: int, quotas: Mapping[str, int] | None = No
     for name, q in [("quota", quota), *quotas.items()]:
         if not isinstance(q, int) or isinstance(q, bool) or q < 1:
             raise CompileError(f"{name}: a quota is an int >= 1, got {q!r}")
+    single = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
     registers = tuple(
-        attrs.evolve(r, quota=1 if r.is_parameter else quotas.get(r.name, quota))
+        attrs.evolve(r, quota=1 if r.is_parameter or r.id in single else quotas.get(r.name, quota))
         for r in plan.registers
     )
     memory: dict[str, int] = {}

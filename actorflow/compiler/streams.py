@@ -1,5 +1,6 @@
-"""assign streams: compute ops -> the device's compute stream; copies, feeds and fetches ->
-the device's copy stream; collectives -> the rank's one collective stream."""
+"""assign streams: compute ops (variables and updates too) -> the device's compute stream;
+copies, feeds and fetches -> the device's copy stream; collectives -> the rank's one
+collective stream."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ COLLECTIVE_STREAM = "rank0/collective"
 
 def stream_key(kind: str, device: str) -> tuple[str, str]:
     """(stream kind, stream device) for an actor of ``kind`` placed on ``device``."""
-    if kind == "compute":
+    if kind in ("compute", "variable", "update"):
         return "compute", device
     if kind == "collective":
         return "collective", "rank0"

@@ -134,14 +134,17 @@ def placeholder(
     return t
 
 
-def parameter(name: str, value: Any, device: str = "cpu:0") -> Tensor:
-    """A tensor that lives on its device across iterations, starting at ``value``."""
+def parameter(name: str, value: Any, device: str = "cpu:0", *, state: bool = False) -> Tensor:
+    """A tensor that lives on its device across iterations, starting at ``value``.
+
+    ``state``: an optimizer's own tensor (momentum, moments), not a model parameter.
+    """
     value = np.array(value)
     (t,) = add_node(
         "parameter",
         [],
         [(value.shape, value.dtype.name, device_of("parameter", device))],
-        attrs={"value": value},
+        attrs={"value": value, "state": state},
         name=name,
         label="parameter",
     )

@@ -2,6 +2,10 @@
 
 import numpy as np
 
+from .kernels import _GELU_C
+
+_GELU_A = 0.044715
+
 
 def sum_to(ins, outs):
     """Sum ``x`` down to the output's shape: the inverse of numpy broadcasting."""
@@ -13,6 +17,72 @@ def sum_to(ins, outs):
     np.sum(x, axis=axes, keepdims=True, out=out.reshape((1,) * lead + out.shape))
 
 
+def broadcast_to(ins, outs):
+    np.copyto(outs[0], ins[0])
+
+
+def scale(ins, outs, factor):
+    np.multiply(ins[0], factor, out=outs[0])
+
+
+def pad(ins, outs, begin):
+    x, out = ins[0], outs[0]
+    out.fill(0)
+    out[tuple(slice(b, b + n) for b, n in zip(begin, x.shape))] = x
+
+
 def relu_grad(ins, outs):
     dy, x = ins
     np.multiply(dy, np.greater(x, 0), out=outs[0])
+
+
+def gelu_grad(ins, outs):
+    """dy * d/dx [0.5 x (1 + t)], t = tanh(c (x + a x^3)):
+    0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)."""
+    dy, x = ins
+    out = outs[0]
+    x2 = x * x
+    t = np.tanh(_GELU_C * x * (1 + _GELU_A * x2))
+    np.multiply(x2, 3 * _GELU_A, out=out)
+    out += 1
+    out *= _GELU_C
+    out *= x
+    t2 = np.multiply(t, t, out=x2)
+    np.subtract(1, t2, out=t2)
+    out *= t2
+    out += t
+    out += 1
+    out *= 0.5
+    out *= dy
+
+
+def tanh_grad(ins, outs):
+    dy, y = ins
+    out = outs[0]
+    np.multiply(y, y, out=out)
+    np.subtract(1, out, out=out)
+    out *= dy
+
+
+def softmax_grad(ins, outs, axis):
+    dy, y = ins
+    out = outs[0]
+    np.multiply(dy, y, out=out)
+    total = out.sum(axis=axis, keepdims=True)
+    np.subtract(dy, total, out=out)
+    out *= y
+
+
+def max_grad(ins, outs, axis, keepdims):
+    """Ties split evenly: each maximal element gets dy / (number of maximal elements)."""
+    dy, x, y = ins
+    out = outs[0]
+    if not keepdims:
+        dy, y = np.expand_dims(dy, axis), np.expand_dims(y, axis)
+    np.equal(x, y, out=out)
+    count = out.sum(axis=axis, keepdims=True)
+    out *= dy / count
+
+
+def equal_mask(ins, outs):
+    np.equal(ins[0], ins[1], out=outs[0])

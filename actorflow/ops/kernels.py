@@ -126,6 +126,10 @@ def call(ins, outs, fn):
     np.copyto(out, result, casting="same_kind")
 
 
+def noop(ins, outs):
+    """A variable's act: publishing its buffer takes no work, only a place in stream order."""
+
+
 def full(ins, outs, value):
     outs[0].fill(value)
 

@@ -11,6 +11,7 @@ register("copy", "copy", kernels.copy)
 register("feed", "feed", kernels.copy)
 register("fetch", "fetch", kernels.fetch)
 register("parameter", "parameter", None)
+register("variable", "variable", kernels.noop)
 
 
 def to_device(x: Tensor, device: str, *, name: str | None = None) -> Tensor:

@@ -27,11 +27,14 @@ READY, FREE, DONE, KICK = "ready", "free", "done", "kick"
 class InputSpec:
     """How a member reads one input: a parameter buffer, or a producer's register."""
 
-    __slots__ = ("param", "slot", "buffers", "event", "same_stream", "producer", "out")
+    __slots__ = ("param", "slot", "control", "buffers", "event", "same_stream", "producer", "out")
 
-    def __init__(self, param=None, slot=-1, buffers=None, event=False, same_stream=False, producer=None, out=-1):
+    def __init__(
+        self, param=None, slot=-1, control=False, buffers=None, event=False, same_stream=False, producer=None, out=-1
+    ):
         self.param = param
         self.slot = slot
+        self.control = control
         self.buffers = buffers
         self.event = event
         self.same_stream = same_stream
@@ -40,13 +43,15 @@ class InputSpec:
 
 
 class OutputSpec:
-    """``consumers``: (member, input slot, early) where early = ready at launch, not completion."""
+    """``consumers``: (member, input slot, early) where early = ready at launch, not completion.
+    ``control``: an order-only register, never handed to the kernel."""
 
-    __slots__ = ("buffers", "consumers")
+    __slots__ = ("buffers", "consumers", "control")
 
-    def __init__(self, buffers: list, consumers: list) -> None:
+    def __init__(self, buffers: list, consumers: list, control: bool = False) -> None:
         self.buffers = buffers
         self.consumers = consumers
+        self.control = control
 
 
 class Member:
@@ -182,7 +187,8 @@ class Driver:
                     ins.append(spec.param)
                     continue
                 index, event = ready[spec.slot]
-                ins.append(spec.buffers[index])
+                if not spec.control:
+                    ins.append(spec.buffers[index])
                 if spec.event:
                     waits.append(event)
                 if spec.same_stream:
@@ -190,7 +196,8 @@ class Driver:
                 else:
                     frees.append((spec.producer, spec.out, index))
             for spec, index in zip(m.outputs, buffers):
-                outs.append(spec.buffers[index])
+                if not spec.control:
+                    outs.append(spec.buffers[index])
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         later: list = []

@@ -81,10 +81,10 @@ class Runtime:
 
     def _build(self, token: trio.lowlevel.TrioToken) -> None:
         plan = self.plan
-        params = {p.register: p.value for p in plan.parameters}
+        initial = {p.register: p.value for p in plan.parameters}
         self._buffers = [
-            [np.array(params[r.id], dtype=r.dtype, copy=True)]
-            if r.is_parameter
+            [np.array(initial[r.id], dtype=r.dtype, copy=True)]
+            if r.id in initial
             else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
             for r in plan.registers
         ]
@@ -134,6 +134,7 @@ class Runtime:
             member.inputs.append(
                 InputSpec(
                     slot=slot,
+                    control=reg.control,
                     buffers=self._buffers[reg.id],
                     event=i.event,
                     same_stream=producer.actor.stream == actor.stream,
@@ -152,7 +153,7 @@ class Runtime:
                 )
                 for c in reg.consumers
             ]
-            member.outputs.append(OutputSpec(self._buffers[o], consumers))
+            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control))
 
     def _protocol_slot(self, consumer) -> int:
         """The consumer's input slot counted among its non-parameter inputs."""
@@ -307,8 +308,10 @@ class Runtime:
         return "\n".join(lines)
 
     def parameters(self) -> dict[str, np.ndarray]:
-        """The current value of every parameter, by name (copies)."""
-        return {p.name: self._buffers[p.register][0].copy() for p in self.plan.parameters}
+        """The current value of every model parameter, by name (copies; no optimizer state)."""
+        return {
+            p.name: self._buffers[p.register][0].copy() for p in self.plan.parameters if not p.state
+        }
 
     def register_stats(self) -> dict[str, dict[str, int]]:
         """Per register: its quota and the most buffers held at once (taken, not yet freed)."""

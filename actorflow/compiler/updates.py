@@ -1,0 +1,43 @@
+"""order updates: an update writes its parameter in place, so within an iteration it must
+come after every other read of that parameter.
+
+A reader that already reaches the update through data (the forward ops, whose results
+feed the gradient) needs nothing more; every other reader (say the backward matmul that
+reads W to compute dX) gets a control register into the update. Across iterations the
+variable's quota of 1 does the rest: its buffer is free for iteration i + 1 only once
+the update of iteration i let go of it.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..plan import Consumer, Input, Plan, Register
+from .topology import data_edges, descendants, unit_of
+
+
+def order_updates(plan: Plan) -> Plan:
+    unit = unit_of(plan)
+    reach = descendants(data_edges(plan))
+    actors = list(plan.actors)
+    registers = list(plan.registers)
+    for update in [a for a in plan.actors if a.kind == "update"]:
+        for c in plan.registers[update.inputs[0].register].consumers:
+            reader = actors[c.actor]
+            if reader.id == update.id or reach[unit[reader.id]] >> unit[update.id] & 1:
+                continue
+            target = actors[update.id]
+            reg = Register(
+                id=len(registers),
+                name=f"{reader.name}->{update.name}",
+                producer=reader.id,
+                device=reader.device,
+                shape=(0,),
+                dtype="bool",
+                consumers=(Consumer(update.id, len(target.inputs)),),
+                control=True,
+            )
+            registers.append(reg)
+            actors[reader.id] = attrs.evolve(reader, outputs=(*reader.outputs, reg.id))
+            actors[update.id] = attrs.evolve(target, inputs=(*target.inputs, Input(reg.id)))
+    return attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers))

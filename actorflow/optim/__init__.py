@@ -1,0 +1,6 @@
+"""Training: optimizers and ``minimize``."""
+
+from .minimize import minimize
+from .optimizers import SGD, Adam
+
+__all__ = ["SGD", "Adam", "minimize"]
