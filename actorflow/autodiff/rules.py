@@ -1,19 +1,144 @@
-"""The gradient rules of the ops (see ``registry`` for the contract)."""
+"""The gradient rules of the ops (see ``registry`` for the contract).
+
+Only floating-point tensors have gradients: a rule is not called when none of its op's
+inputs is a float, and an integer input (class labels, say) gets None. Every gradient a
+rule returns is checked to have its input's shape, dtype and device.
+
+``max`` (and ``all_reduce`` with op="max") sends each gradient element to the maximal
+input elements, split evenly among them when several tie.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
+
+import numpy as np
+
 from .. import ops
-from .registry import rule
+from ..errors import GraphError
+from .registry import Rule, rule
 
 
-@rule("add")
+def _floating(t) -> bool:
+    return np.issubdtype(np.dtype(t.dtype), np.floating)
+
+
+def grad_rule(*names: str):
+    """``registry.rule`` with the float filter and the shape/dtype/device check."""
+
+    def register(fn: Rule) -> Rule:
+        @functools.wraps(fn)
+        def checked(node, ins, outs, douts):
+            if not any(_floating(t) for t in ins):
+                return [None] * len(ins)
+            grads = list(fn(node, ins, outs, douts))
+            if len(grads) != len(ins):
+                raise GraphError(
+                    f"gradient rule of {node.op!r} gave {len(grads)} gradients for {len(ins)} inputs"
+                )
+            for k, (x, d) in enumerate(zip(ins, grads)):
+                if d is None:
+                    continue
+                if not _floating(x):
+                    grads[k] = None
+                elif (d.shape, d.dtype, d.device) != (x.shape, x.dtype, x.device):
+                    raise GraphError(
+                        f"gradient rule of {node.op!r} ({node.name}) gave input {k} a gradient "
+                        f"{d.dtype}{list(d.shape)} on {d.device}, but the input is "
+                        f"{x.dtype}{list(x.shape)} on {x.device}"
+                    )
+            return grads
+
+        rule(*names)(checked)
+        return fn
+
+    return register
+
+
+def _zeros_for_none(douts, outs):
+    """The output gradients, with zeros where an output got none."""
+    return [
+        d if d is not None else ops.full(t.shape, 0.0, t.dtype, t.device)
+        for d, t in zip(douts, outs)
+    ]
+
+
+# -- elementwise -------------------------------------------------------------------------
+
+
+@grad_rule("add")
 def _add(node, ins, outs, douts):
     (d,) = douts
     return [ops.sum_to(d, ins[0].shape), ops.sum_to(d, ins[1].shape)]
 
 
-@rule("matmul")
+@grad_rule("sub")
+def _sub(node, ins, outs, douts):
+    (d,) = douts
+    return [ops.sum_to(d, ins[0].shape), ops.scale(ops.sum_to(d, ins[1].shape), -1.0)]
+
+
+@grad_rule("mul")
+def _mul(node, ins, outs, douts):
+    (d,) = douts
+    a, b = ins
+    return [ops.sum_to(ops.mul(d, b), a.shape), ops.sum_to(ops.mul(d, a), b.shape)]
+
+
+@grad_rule("div")
+def _div(node, ins, outs, douts):
+    # y = a / b: da = d / b, db = -d a / b**2 = -(d / b) * y
+    (d,) = douts
+    a, b = ins
+    d_over_b = ops.div(d, b)
+    db = ops.scale(ops.sum_to(ops.mul(d_over_b, outs[0]), b.shape), -1.0)
+    return [ops.sum_to(d_over_b, a.shape), db]
+
+
+@grad_rule("bias_add")
+def _bias_add(node, ins, outs, douts):
+    (d,) = douts
+    return [d, ops.sum_to(d, ins[1].shape)]
+
+
+@grad_rule("relu")
+def _relu(node, ins, outs, douts):
+    return [ops.relu_grad(douts[0], ins[0])]
+
+
+@grad_rule("gelu")
+def _gelu(node, ins, outs, douts):
+    return [ops.gelu_grad(douts[0], ins[0])]
+
+
+@grad_rule("tanh")
+def _tanh(node, ins, outs, douts):
+    return [ops.tanh_grad(douts[0], outs[0])]
+
+
+@grad_rule("exp")
+def _exp(node, ins, outs, douts):
+    return [ops.mul(douts[0], outs[0])]
+
+
+@grad_rule("log")
+def _log(node, ins, outs, douts):
+    return [ops.div(douts[0], ins[0])]
+
+
+@grad_rule("softmax")
+def _softmax(node, ins, outs, douts):
+    return [ops.softmax_grad(douts[0], outs[0], node.attrs["axis"])]
+
+
+# -- matmul and reductions ---------------------------------------------------------------
+
+
+@grad_rule("matmul")
 def _matmul(node, ins, outs, douts):
+    # Batch dims broadcast: the products have the output's batch dims, sum_to folds the
+    # broadcast ones back.
     (d,) = douts
     a, b = ins
     da = ops.matmul(d, ops.transpose(b, _swap_last(b.ndim)))
@@ -21,10 +146,134 @@ def _matmul(node, ins, outs, douts):
     return [ops.sum_to(da, a.shape), ops.sum_to(db, b.shape)]
 
 
-@rule("relu")
-def _relu(node, ins, outs, douts):
-    return [ops.relu_grad(douts[0], ins[0])]
-
-
 def _swap_last(ndim: int) -> tuple[int, ...]:
     return (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+def _expand(d, x, axes, keepdims):
+    """The reduced gradient ``d`` broadcast back over the reduced ``axes`` of x."""
+    kept = tuple(1 if k in axes else n for k, n in enumerate(x.shape))
+    if not keepdims and d.shape != kept:
+        d = ops.reshape(d, kept)
+    return ops.broadcast_to(d, x.shape)
+
+
+@grad_rule("sum")
+def _sum(node, ins, outs, douts):
+    return [_expand(douts[0], ins[0], node.attrs["axis"], node.attrs["keepdims"])]
+
+
+@grad_rule("mean")
+def _mean(node, ins, outs, douts):
+    (x,), axes = ins, node.attrs["axis"]
+    count = math.prod(x.shape[k] for k in axes)
+    d = ops.scale(douts[0], 1.0 / max(count, 1))
+    return [_expand(d, x, axes, node.attrs["keepdims"])]
+
+
+@grad_rule("max")
+def _max(node, ins, outs, douts):
+    return [ops.max_grad(douts[0], ins[0], outs[0], node.attrs["axis"], node.attrs["keepdims"])]
+
+
+# -- shapes ------------------------------------------------------------------------------
+
+
+@grad_rule("reshape")
+def _reshape(node, ins, outs, douts):
+    return [ops.reshape(douts[0], ins[0].shape)]
+
+
+@grad_rule("transpose")
+def _transpose(node, ins, outs, douts):
+    inverse = tuple(int(k) for k in np.argsort(node.attrs["perm"]))
+    return [ops.transpose(douts[0], inverse)]
+
+
+@grad_rule("concat")
+def _concat(node, ins, outs, douts):
+    axis = node.attrs["axis"]
+    return list(ops.split(douts[0], [t.shape[axis] for t in ins], axis))
+
+
+@grad_rule("split")
+def _split(node, ins, outs, douts):
+    return [ops.concat(_zeros_for_none(douts, outs), node.attrs["axis"])]
+
+
+@grad_rule("slice")
+def _slice(node, ins, outs, douts):
+    return [ops.pad(douts[0], node.attrs["begin"], ins[0].shape)]
+
+
+@grad_rule("full")
+def _full(node, ins, outs, douts):
+    return []
+
+
+@grad_rule("copy")  # to_device
+def _copy(node, ins, outs, douts):
+    return [ops.to_device(douts[0], ins[0].device)]
+
+
+# -- collectives -------------------------------------------------------------------------
+
+
+@grad_rule("all_reduce")
+def _all_reduce(node, ins, outs, douts):
+    ds = _zeros_for_none(douts, outs)
+    op = node.attrs["op"]
+    if op != "max":
+        return ops.all_reduce(ds, op)  # sum: every input gets sum(ds); mean: mean(ds)
+    # max: the summed gradient goes to the devices holding the maximum, split evenly.
+    total = ops.all_reduce(ds, "sum")
+    masks = [ops.equal_mask(x, y) for x, y in zip(ins, outs)]
+    counts = ops.all_reduce(masks, "sum")
+    return [ops.mul(t, ops.div(m, c)) for t, m, c in zip(total, masks, counts)]
+
+
+@grad_rule("all_gather")
+def _all_gather(node, ins, outs, douts):
+    # Input k is chunk k of every result: its gradient is the sum over devices of chunk k.
+    return ops.reduce_scatter(_zeros_for_none(douts, outs), node.attrs["axis"])
+
+
+@grad_rule("reduce_scatter")
+def _reduce_scatter(node, ins, outs, douts):
+    # Chunk k of every input went (summed) into result k: each input gets all the results.
+    return ops.all_gather(_zeros_for_none(douts, outs), node.attrs["axis"])
+
+
+@grad_rule("broadcast")
+def _broadcast(node, ins, outs, douts):
+    (x,) = ins
+    parts = [ops.to_device(d, x.device) for d in douts if d is not None]
+    total = parts[0]
+    for part in parts[1:]:
+        total = ops.add(total, part)
+    return [total]
+
+
+@grad_rule("all_to_all")
+def _all_to_all(node, ins, outs, douts):
+    # The inverse exchange: split where the forward concatenated, concatenate where it split.
+    split_axis, concat_axis = node.attrs["split_axis"], node.attrs["concat_axis"]
+    return ops.all_to_all(
+        _zeros_for_none(douts, outs), split_axis=concat_axis, concat_axis=split_axis
+    )
+
+
+# -- losses ------------------------------------------------------------------------------
+
+
+@grad_rule("mse_loss")
+def _mse_loss(node, ins, outs, douts):
+    pred, target = ins
+    dpred = ops.mse_loss_grad(douts[0], pred, target)
+    return [dpred, ops.scale(dpred, -1.0)]
+
+
+@grad_rule("softmax_cross_entropy")
+def _softmax_cross_entropy(node, ins, outs, douts):
+    logits, labels = ins
+    return [ops.softmax_cross_entropy_grad(douts[0], logits, labels), None]

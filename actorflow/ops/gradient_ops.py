@@ -32,7 +32,11 @@ def sum_to(x: Tensor, shape: Sequence[int], *, name: str | None = None) -> Tenso
     shape = tuple(int(d) for d in shape)
     if shape == x.shape:
         return x
-    if len(shape) > x.ndim or np.broadcast_shapes(shape, x.shape) != x.shape:
+    try:
+        ok = len(shape) <= x.ndim and np.broadcast_shapes(shape, x.shape) == x.shape
+    except ValueError:
+        ok = False
+    if not ok:
         raise fail("sum_to", f"{shape} does not broadcast to {x.shape}")
     return _compute("sum_to", [x], shape, name=name)
 
@@ -56,6 +60,7 @@ def broadcast_to(x: Tensor, shape: Sequence[int], *, name: str | None = None) ->
 def scale(x: Tensor, factor: float, *, name: str | None = None) -> Tensor:
     """x * factor for a constant ``factor``; the dtype stays (x itself if factor is 1)."""
     check_inputs("scale", [x])
+    _floats("scale", [x])
     if not isinstance(factor, numbers.Real) or isinstance(factor, bool) or not math.isfinite(factor):
         raise fail("scale", f"factor {factor!r} is not a finite real number")
     if factor == 1:
@@ -82,6 +87,12 @@ def _same_shapes(op: str, tensors: Sequence[Tensor]) -> None:
         raise fail(op, f"shapes {' and '.join(map(str, shapes))} differ")
 
 
+def _floats(op: str, tensors: Sequence[Tensor]) -> None:
+    for t in tensors:
+        if not np.issubdtype(np.dtype(t.dtype), np.floating):
+            raise fail(op, f"needs floating-point tensors, got {t.dtype} ({t.name})")
+
+
 def relu_grad(dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
     """dy where x > 0, else 0."""
     _same_shapes("relu_grad", [dy, x])
@@ -91,18 +102,21 @@ def relu_grad(dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
 def gelu_grad(dy: Tensor, x: Tensor, *, name: str | None = None) -> Tensor:
     """dy * gelu'(x), for gelu's tanh approximation."""
     _same_shapes("gelu_grad", [dy, x])
+    _floats("gelu_grad", [dy, x])
     return _compute("gelu_grad", [dy, x], x.shape, name=name)
 
 
 def tanh_grad(dy: Tensor, y: Tensor, *, name: str | None = None) -> Tensor:
     """dy * (1 - y**2), where ``y`` is tanh's output."""
     _same_shapes("tanh_grad", [dy, y])
+    _floats("tanh_grad", [dy, y])
     return _compute("tanh_grad", [dy, y], y.shape, name=name)
 
 
 def softmax_grad(dy: Tensor, y: Tensor, axis: int = -1, *, name: str | None = None) -> Tensor:
     """y * (dy - sum(dy * y, axis)), where ``y`` is softmax's output along ``axis``."""
     _same_shapes("softmax_grad", [dy, y])
+    _floats("softmax_grad", [dy, y])
     axis = axis_of("softmax_grad", axis, y.ndim)
     return _compute("softmax_grad", [dy, y], y.shape, attrs={"axis": axis}, name=name)
 
@@ -113,6 +127,7 @@ def max_grad(
     """The gradient of ``y = max(x, axis, keepdims)``: each of ``dy``'s elements goes to the
     elements of x that equal the maximum, split evenly among them when several do."""
     check_inputs("max_grad", [dy, x, y])
+    _floats("max_grad", [dy, x, y])
     if axis is None:
         axes = tuple(range(x.ndim))
     else:

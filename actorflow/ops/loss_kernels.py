@@ -1,0 +1,53 @@
+"""Kernels of the loss ops (same contract as ``kernels``)."""
+
+import numpy as np
+
+
+def mse_loss(ins, outs):
+    diff = np.subtract(ins[0], ins[1], out=np.empty_like(ins[0]))
+    np.square(diff, out=diff)
+    np.mean(diff, out=outs[0])
+
+
+def mse_loss_grad(ins, outs):
+    dy, pred, target = ins
+    out = outs[0]
+    np.subtract(pred, target, out=out)
+    out *= 2 * dy / out.size
+
+
+def _check_labels(labels, classes):
+    bad = labels[(labels < 0) | (labels >= classes)]
+    if bad.size:
+        raise ValueError(
+            f"softmax_cross_entropy: labels must be class ids in [0, {classes}), got {bad[:5].tolist()}"
+        )
+
+
+def _shifted(logits, out):
+    """logits minus each row's maximum, into ``out``; returns log(sum(exp(.))) per row."""
+    np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    return np.log(np.exp(out).sum(axis=1))
+
+
+def softmax_cross_entropy(ins, outs):
+    """Each row: log(sum(exp(z))) - z[label], z = logits - max(logits) (log-sum-exp)."""
+    logits, labels = ins
+    n, classes = logits.shape
+    _check_labels(labels, classes)
+    z = np.empty_like(logits)
+    lse = _shifted(logits, z)
+    lse -= z[np.arange(n), labels]
+    np.mean(lse, out=outs[0])
+
+
+def softmax_cross_entropy_grad(ins, outs):
+    dy, logits, labels = ins
+    out = outs[0]
+    n, classes = logits.shape
+    _check_labels(labels, classes)
+    np.subtract(logits, logits.max(axis=1, keepdims=True), out=out)
+    np.exp(out, out=out)
+    out /= out.sum(axis=1, keepdims=True)
+    out[np.arange(n), labels] -= 1
+    out *= dy / n
