@@ -50,3 +50,10 @@ def record_blas_threads(a):
 
     blas_threads.extend(p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas")
     return a
+
+
+def fail_with_cause(a):
+    try:
+        raise KeyError("the cause")
+    except KeyError as e:
+        raise ValueError("the effect") from e

@@ -126,7 +126,7 @@ class Driver:
         self._wake.set()
 
     async def serve(self) -> None:
-        while True:
+        while not self.runtime.failed:
             await self._wake.wait()
             self._wake = trio.Event()
             self._drain()

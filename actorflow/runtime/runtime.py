@@ -1,26 +1,29 @@
 """The Runtime: executes a Plan inside the caller's trio loop, iteration after iteration.
 
 It allocates every register buffer once, starts one executor thread and one driver task
-per stream, and then serves ``run`` calls. Any failure (a kernel's exception, a stall)
-stops every stream thread and is re-raised from ``run`` as the original exception, with a
-note naming the actor, stream and iteration.
+per stream, and then serves ``run`` calls. Any failure (a kernel's exception, a stall, a
+cancelled run) stops the streams and is re-raised from ``run`` as the original exception,
+with a note naming the actor, stream and iteration; the Runtime can't run again after it.
+A kernel that never returns can't be stopped: its thread is left behind, with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import time
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import trio
-from threadpoolctl import threadpool_limits
 
 from ..errors import FeedError, StallError
 from ..plan import Plan
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
+from .blas import single_threaded_blas
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 
@@ -35,7 +38,10 @@ class Runtime:
     """
 
     def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
+        if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
+            raise ValueError(f"stall_timeout is a number of seconds > 0, not {stall_timeout!r}")
         self.plan = plan
+        self._state = "new"
         self.stall_timeout = stall_timeout
         self.recorder = Recorder(enabled=trace)
         self.progress = 0
@@ -57,25 +63,35 @@ class Runtime:
         self._nursery: trio.Nursery | None = None
 
     async def __aenter__(self) -> Runtime:
-        self._stack.enter_context(threadpool_limits(limits=1, user_api="blas"))
-        self._build(trio.lowlevel.current_trio_token())
-        self._stack.callback(self._stop_threads)
-        self._nursery = await self._stack.enter_async_context(trio.open_nursery())
-        for driver in self._drivers:
-            self._nursery.start_soon(driver.serve)
-        self._nursery.start_soon(self._watchdog)
-        for executor in self._executors:
-            executor.start()
+        if self._state != "new":
+            raise RuntimeError("a Runtime is entered once; make a new one to run again")
+        self._state = "open"
+        try:
+            self._stack.enter_context(single_threaded_blas())
+            self._build(trio.lowlevel.current_trio_token())
+            self._stack.callback(self._stop_threads)
+            self._nursery = await self._stack.enter_async_context(trio.open_nursery())
+            for driver in self._drivers:
+                self._nursery.start_soon(driver.serve)
+            self._nursery.start_soon(self._watchdog)
+            for executor in self._executors:
+                executor.start()
+        except BaseException:
+            self._state = "closed"
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
+            await self._stack.aclose()
+            raise
         return self
 
     async def __aexit__(self, *exc_info: Any) -> bool:
+        self._state = "closed"
         self._nursery.cancel_scope.cancel()
         try:
             return await self._stack.__aexit__(*exc_info)
         except BaseExceptionGroup as group:
-            if self._error is not None:
-                raise self._error from None
-            raise _only_error(group) from None
+            error = exc_info[1] or self._error or _only_error(group)
+            raise error from error.__cause__
 
     # -- wiring ------------------------------------------------------------------
 
@@ -179,8 +195,12 @@ class Runtime:
             )
         batch = [feeds or {}] if single else list(feeds)
         arrays = [self._check_feeds(f, k if not single else None) for k, f in enumerate(batch)]
+        if self._state != "open":
+            raise RuntimeError("run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`")
         async with self._lock:
             self._raise_if_failed()
+            if not self.plan.actors:
+                return {} if single else [{} for _ in arrays]
             if not arrays:
                 return []
             self._base = self._iterations
@@ -197,6 +217,9 @@ class Runtime:
                 driver.post((KICK,))
             try:
                 await self._done.wait()
+            except BaseException:
+                self.fail(RuntimeError("a run was cancelled midway; this Runtime can't run again"))
+                raise
             finally:
                 self._running = False
             self._raise_if_failed()
@@ -229,14 +252,19 @@ class Runtime:
         self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
-        """Stop everything; the waiting ``run`` re-raises ``exc``."""
+        """Stop everything; the waiting ``run`` re-raises ``exc``.
+
+        The nursery's cancel scope is not touched: it was opened in ``__aenter__``, so it
+        also wraps the caller's own code inside ``async with``. Drivers and the watchdog
+        end on their own once they see ``failed``.
+        """
         if self._error is None:
             self._error = exc
         for executor in self._executors:
             executor.close()
         self._done.set()
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        for driver in self._drivers:
+            driver.post((KICK,))
 
     @property
     def failed(self) -> bool:
@@ -246,16 +274,25 @@ class Runtime:
         if self._error is not None:
             raise self._error
 
-    def _stop_threads(self) -> None:
+    def _stop_threads(self, grace: float = 10.0) -> None:
         for executor in self._executors:
             executor.close()
+        deadline = time.monotonic() + grace
         for executor in self._executors:
             if executor.thread.is_alive():
-                executor.thread.join(timeout=10)
+                executor.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [e.name for e in self._executors if e.thread.is_alive()]
+        if stuck:
+            warnings.warn(
+                f"stream threads {stuck} are still in a kernel {grace:.0f} s after the runtime closed; "
+                "they are daemon threads and are left behind",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     async def _watchdog(self) -> None:
         seen, since = -1, trio.current_time()
-        while True:
+        while not self.failed:
             await trio.sleep(min(1.0, self.stall_timeout / 4))
             now = trio.current_time()
             if not self._running or self.progress != seen:
@@ -270,8 +307,7 @@ class Runtime:
         plan = self.plan
         lines = [
             f"no actor acted for {idle:.1f} s (stall_timeout={self.stall_timeout} s); "
-            f"iterations 0..{self._iterations - self._base - 1} of this run are unfinished. "
-            "Waiting actors:"
+            f"the run has {self._iterations - self._base} iterations. Waiting actors:"
         ]
         for member in self._members.values():
             actor, state = member.actor, member.state

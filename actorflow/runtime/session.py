@@ -3,14 +3,18 @@ stream threads alive across calls."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import trio
 
 from ..plan import Plan
+from ..trace.recorder import Recorder
+from .blas import single_threaded_blas
 from .runtime import Feeds, Runtime
 
 
@@ -39,6 +43,8 @@ class Session:
 
     def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
         self._runtime = Runtime(plan, trace=trace, stall_timeout=stall_timeout)
+        self._blas = contextlib.ExitStack()
+        self._blas.enter_context(single_threaded_blas())
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
         self._stop: trio.Event | None = None
@@ -47,6 +53,7 @@ class Session:
         self._thread.start()
         self._started.wait()
         if self._error is not None:
+            self._blas.close()
             raise self._error
 
     def _host(self) -> None:
@@ -65,10 +72,11 @@ class Session:
             self._started.set()
 
     def run(self, feeds: Feeds | list[Feeds] | None = None) -> Any:
-        if self._token is None:
-            raise RuntimeError("this session is closed")
+        token = self._live_token()
         try:
-            return trio.from_thread.run(self._runtime.run, feeds, trio_token=self._token)
+            return trio.from_thread.run(self._runtime.run, feeds, trio_token=token)
+        except trio.RunFinishedError:
+            raise self._died() from self._error
         except BaseException:
             if self._runtime.failed:
                 self.close()
@@ -81,13 +89,26 @@ class Session:
         return self._call(self._runtime.register_stats)
 
     @property
-    def recorder(self):
+    def recorder(self) -> Recorder:
         return self._runtime.recorder
 
-    def _call(self, fn):
+    def _live_token(self) -> trio.lowlevel.TrioToken:
         if self._token is None:
             raise RuntimeError("this session is closed")
-        return trio.from_thread.run_sync(fn, trio_token=self._token)
+        if not self._thread.is_alive():
+            raise self._died() from self._error
+        return self._token
+
+    def _died(self) -> RuntimeError:
+        self._token = None
+        return RuntimeError("this session's event loop stopped (see the cause)")
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        token = self._live_token()
+        try:
+            return trio.from_thread.run_sync(fn, trio_token=token)
+        except trio.RunFinishedError:
+            raise self._died() from self._error
 
     def close(self) -> None:
         if self._token is not None:
@@ -97,6 +118,7 @@ class Session:
             except trio.RunFinishedError:
                 pass
         self._thread.join()
+        self._blas.close()
 
     def __enter__(self) -> Session:
         return self

@@ -1,0 +1,87 @@
+"""A Runtime's life: entered once, runs only while open, unusable after a cancelled run,
+shares the process's BLAS limit, and hands back the caller's own exceptions."""
+
+import numpy as np
+import pytest
+import trio
+from threadpoolctl import threadpool_info
+
+import actorflow as af
+import userfns
+
+
+def chain_plan(fn=userfns.identity):
+    with af.Graph() as g:
+        x = af.placeholder("x", (2,), "float64")
+        af.output("y", af.ops.call(fn, af.ops.to_device(x, "cpu:1"), shape=(2,), dtype="float64"))
+    return af.compile(g)
+
+
+def blas_threads():
+    return [p["num_threads"] for p in threadpool_info() if p["user_api"] == "blas"]
+
+
+async def test_run_outside_async_with_raises_instead_of_hanging():
+    with trio.fail_after(10):
+        rt = af.Runtime(chain_plan())
+        with pytest.raises(RuntimeError, match="open Runtime"):
+            await rt.run({"x": np.zeros(2)})
+        async with rt:
+            await rt.run({"x": np.zeros(2)})
+        with pytest.raises(RuntimeError, match="open Runtime"):
+            await rt.run({"x": np.zeros(2)})
+        with pytest.raises(RuntimeError, match="entered once"):
+            async with rt:
+                pass
+
+
+async def test_a_cancelled_run_makes_the_next_one_fail_not_lie():
+    with trio.fail_after(10):
+        async with af.Runtime(chain_plan(userfns.slow)) as rt:
+            with trio.move_on_after(0.05):
+                await rt.run([{"x": np.full(2, k, np.float64)} for k in range(3)])
+            with pytest.raises(RuntimeError, match="cancelled"):
+                await rt.run({"x": np.zeros(2)})
+
+
+def test_an_empty_plan_runs_at_once():
+    with af.Graph() as g:
+        af.parameter("unused", np.zeros(2))
+    plan = af.compile(g)
+    assert plan.actors == ()
+    assert af.run(plan) == {}
+    assert af.run(plan, [{}, {}]) == [{}, {}]
+
+
+@pytest.mark.parametrize("bad", [0, -1, None, "5"])
+def test_stall_timeout_must_be_positive(bad):
+    with pytest.raises(ValueError, match="stall_timeout"):
+        af.Runtime(chain_plan(), stall_timeout=bad)
+
+
+def test_blas_limit_is_shared_and_restored_when_the_last_runtime_closes():
+    before = blas_threads()
+    a = af.Session(chain_plan())
+    b = af.Session(chain_plan(userfns.record_blas_threads))
+    a.close()
+    userfns.blas_threads.clear()
+    b.run({"x": np.zeros(2)})
+    assert userfns.blas_threads == [1]
+    b.close()
+    assert blas_threads() == before
+
+
+def test_a_kernel_error_keeps_its_cause():
+    with pytest.raises(ValueError, match="the effect") as info:
+        af.run(chain_plan(userfns.fail_with_cause), {"x": np.zeros(2)})
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+async def test_the_callers_own_exception_is_not_replaced():
+    with trio.fail_after(10):
+        with pytest.raises(LookupError, match="mine"):
+            async with af.Runtime(chain_plan(userfns.fail)) as rt:
+                try:
+                    await rt.run({"x": np.zeros(2)})
+                except ZeroDivisionError:
+                    raise LookupError("mine") from None
