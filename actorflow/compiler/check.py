@@ -16,6 +16,7 @@ from .topology import data_edges, find_cycle, unit_of
 
 def check(plan: Plan) -> Plan:
     names = {a.id: a.name for a in plan.actors}
+    names.update({coll.actors[0]: coll.name for coll in plan.collectives})
     for a in plan.actors:
         if not 0 <= a.stream < len(plan.streams):
             raise CompileError(f"actor {a.name!r} has no stream")
@@ -34,7 +35,7 @@ def check(plan: Plan) -> Plan:
     if cycle is not None:
         steps = [names[cycle[0]]]
         for u, v in zip(cycle, cycle[1:]):
-            why = next(kind for w, kind in edges[u] if w == v)
+            why = "/".join(sorted(kind for w, kind in edges[u] if w == v))
             steps.append(f"-({why})-> {names[v]}")
         raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
     return plan

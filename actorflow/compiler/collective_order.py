@@ -8,10 +8,10 @@ from __future__ import annotations
 import attrs
 
 from ..plan import Plan
-from .topology import data_edges, topological_order
+from .topology import positions
 
 
 def order_collectives(plan: Plan) -> Plan:
-    position = {u: k for k, u in enumerate(topological_order(data_edges(plan)))}
+    position = positions(plan)
     ordered = sorted(plan.collectives, key=lambda c: position[c.actors[0]])
     return attrs.evolve(plan, collectives=tuple(ordered))

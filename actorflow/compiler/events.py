@@ -4,8 +4,9 @@ Same stream: stream order, nothing to add. Across streams, an early launch with 
 hides the host's round trip, but a stream thread waiting on an event holds up everything
 queued behind it. When a stream is fed by one other stream only, its queue follows that
 stream's order and the wait costs nothing: those inputs get events. A stream fed by
-several streams (a copy stream carrying feeds, fetches and device-to-device copies; the
-collective stream) gets its inputs only at the producer's completion.
+several (the host counts as one where the stream carries feeds: a copy stream with
+feeds, fetches and device-to-device copies; the collective stream) gets its inputs only
+at the producer's completion. An actor that reads one register twice waits once.
 
 Every input guarantees "producer finished before consumer starts", so if producer P
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
@@ -27,31 +28,31 @@ def insert_events(plan: Plan) -> Plan:
     reach = descendants(data_edges(plan))
     stream = {a.id: a.stream for a in plan.actors}
     producer_units: dict[int, set[int]] = {}
+    host = -1
     sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
     for actor in plan.actors:
         producers = [plan.registers[i.register].producer for i in actor.inputs]
         producers = [p for p in producers if p >= 0]
         producer_units.setdefault(unit[actor.id], set()).update(unit[p] for p in producers)
         sources[actor.stream].update(stream[p] for p in producers if stream[p] != actor.stream)
+        if actor.kind == "feed":
+            sources[actor.stream].add(host)
 
-    def sync(actor, producer: int) -> str:
+    def sync(actor, producer: int, seen: bool) -> str:
         if producer < 0 or stream[producer] == actor.stream:
             return "stream"
         if len(sources[actor.stream]) > 1:
             return "completion"
         others = producer_units[unit[actor.id]] - {unit[producer]}
-        if any(reach[unit[producer]] >> y & 1 for y in others):
+        if seen or any(reach[unit[producer]] >> y & 1 for y in others):
             return "implied"
         return "event"
 
-    actors = tuple(
-        attrs.evolve(
-            actor,
-            inputs=tuple(
-                attrs.evolve(i, sync=sync(actor, plan.registers[i.register].producer))
-                for i in actor.inputs
-            ),
-        )
-        for actor in plan.actors
-    )
-    return attrs.evolve(plan, actors=actors)
+    actors = []
+    for actor in plan.actors:
+        inputs, seen = [], set()
+        for i in actor.inputs:
+            inputs.append(attrs.evolve(i, sync=sync(actor, plan.registers[i.register].producer, i.register in seen)))
+            seen.add(i.register)
+        actors.append(attrs.evolve(actor, inputs=tuple(inputs)))
+    return attrs.evolve(plan, actors=tuple(actors))

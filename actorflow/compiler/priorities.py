@@ -1,8 +1,8 @@
 """priorities: when several actors of one stream can act, the driver launches the lowest
 number first, so it decides their order in the stream's queue.
 
-Deeper first: an actor further down the graph goes ahead of one further up, so earlier
-iterations drain before later ones start (the way pipelines run backward before
+Deeper first: an actor later in the topological order goes ahead of an earlier one, so
+earlier iterations drain before later ones start (the way pipelines run backward before
 forward): the work another device waits for enters the queue first, and fewer buffers
 are held. Compute first (PaddlePaddle #47471), unless ``compute_first=False``: an actor
 that waits on a collective's result goes after every actor that doesn't, so its wait
@@ -14,12 +14,12 @@ from __future__ import annotations
 import attrs
 
 from ..plan import Plan
-from .topology import data_edges, topological_order, unit_of
+from .topology import positions, unit_of
 
 
 def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
     unit = unit_of(plan)
-    position = {u: k for k, u in enumerate(topological_order(data_edges(plan)))}
+    position = positions(plan)
     collective_streams = {s.id for s in plan.streams if s.kind == "collective"}
     stream_of = {a.id: a.stream for a in plan.actors}
 

@@ -54,6 +54,11 @@ def topological_order(edges: Edges) -> list[int]:
     return order
 
 
+def positions(plan: Plan) -> dict[int, int]:
+    """Unit -> its place in the deterministic topological order of the unit DAG."""
+    return {u: k for k, u in enumerate(topological_order(data_edges(plan)))}
+
+
 def descendants(edges: Edges) -> dict[int, int]:
     """Unit -> bitset (a Python int) of the units reachable from it by a path of length >= 1."""
     reach: dict[int, int] = {}
