@@ -180,6 +180,8 @@ class Plan:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Plan:
+        """Read a Plan back. It imports the functions it names and runs them: like pickle,
+        load only plans you trust."""
         try:
             decoded = msgpack.unpackb(
                 data, object_hook=_decode, use_list=False, strict_map_key=False
@@ -229,11 +231,13 @@ def resolve(path: str) -> Callable:
 
 
 def _encode(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
     if isinstance(obj, np.ndarray):
         return {"__array__": (obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())}
     if callable(obj):
         return {"__function__": import_path(obj)}
-    raise TypeError(f"cannot serialize {type(obj).__name__} in a Plan")
+    raise PlanSerializationError(f"cannot serialize {type(obj).__name__} in a Plan")
 
 
 def _decode(obj: dict) -> Any:

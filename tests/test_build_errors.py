@@ -288,3 +288,12 @@ def test_collective_float_axis_is_a_graph_error():
     with af.Graph():
         with pytest.raises(af.GraphError, match=msg("all_gather", "axis 1.0")):
             ops.all_gather(cpus(2), axis=1.0)
+
+
+@pytest.mark.parametrize("dtype", [object, "U3", [("a", "f4")]])
+def test_non_numeric_dtypes_are_refused(dtype):
+    with af.Graph():
+        with pytest.raises(af.GraphError, match="placeholder: .*not numeric"):
+            af.placeholder("x", (2,), dtype)
+        with pytest.raises(af.GraphError, match="parameter: .*not numeric"):
+            af.parameter("w", np.zeros(2, dtype=dtype))

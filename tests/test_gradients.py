@@ -587,3 +587,16 @@ def test_gradient_plan_round_trips():
     xv = rand((2, 4), 63)
     same = af.Plan.from_bytes(plan.to_bytes())
     np.testing.assert_array_equal(af.run(same, {"x": xv})["dx"], af.run(plan, {"x": xv})["dx"])
+
+
+def test_gradients_build_in_ys_graph_wherever_they_are_called():
+    with af.Graph() as g:
+        x = af.placeholder("x", (3,), "float64")
+        y = af.ops.sum(af.ops.exp(x))
+    with af.Graph() as other:
+        (dx,) = af.gradients(y, [x])
+    assert other.nodes == []
+    with g:
+        af.output("dx", dx)
+    xs = np.array([0.5, -1.0, 2.0])
+    np.testing.assert_allclose(af.run(af.compile(g), {"x": xs})["dx"], np.exp(xs), rtol=1e-12)

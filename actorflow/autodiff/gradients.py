@@ -18,12 +18,17 @@ def gradients(y: Tensor, xs: Sequence[Tensor], dy: Tensor | None = None) -> list
     """Gradients of ``y`` with respect to each of ``xs`` (None where y does not depend on x).
 
     ``dy`` weights y's elements (default: ones, so for a scalar loss these are dloss/dx).
-    Build it inside the graph's ``with`` block; a tensor used several times gets its
-    gradients summed.
+    The backward ops go into y's graph, wherever this is called from; a tensor used
+    several times gets its gradients summed.
     """
     graph = y.graph
     if any(x.graph is not graph for x in xs) or (dy is not None and dy.graph is not graph):
         raise GraphError("gradients: y, xs and dy must belong to one graph")
+    with graph:
+        return _gradients(graph, y, xs, dy)
+
+
+def _gradients(graph: Graph, y: Tensor, xs: Sequence[Tensor], dy: Tensor | None) -> list[Tensor | None]:
     if dy is None:
         dy = ops.full(y.shape, 1.0, y.dtype, y.device)
     elif (dy.shape, dy.dtype, dy.device) != (y.shape, y.dtype, y.device):

@@ -111,10 +111,14 @@ def device_of(op: str, device: str) -> str:
 
 
 def dtype_of(op: str, dtype: Any) -> str:
+    """The name of a numeric dtype (bool, int, uint, float, complex); others are refused."""
     try:
-        return np.dtype(dtype).name
+        dt = np.dtype(dtype)
     except TypeError as e:
         raise fail(op, f"unknown dtype {dtype!r}: {e}") from None
+    if dt.kind not in "biufc":
+        raise fail(op, f"dtype {dt} is not numeric; tensors hold bool, int, uint, float or complex")
+    return dt.name
 
 
 def placeholder(
@@ -143,7 +147,7 @@ def parameter(name: str, value: Any, device: str = "cpu:0", *, state: bool = Fal
     (t,) = add_node(
         "parameter",
         [],
-        [(value.shape, value.dtype.name, device_of("parameter", device))],
+        [(value.shape, dtype_of("parameter", value.dtype), device_of("parameter", device))],
         attrs={"value": value, "state": state},
         name=name,
         label="parameter",

@@ -69,14 +69,14 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self._names: set[str] = set()
-        self._token = None
+        self._tokens: list = []
 
     def __enter__(self) -> Graph:
-        self._token = _current.set(self)
+        self._tokens.append(_current.set(self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        _current.reset(self._token)
+        _current.reset(self._tokens.pop())
 
     def node_of(self, tensor: Tensor) -> Node:
         return self.nodes[tensor.node]
