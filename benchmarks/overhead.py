@@ -37,7 +37,8 @@ def noop_chain(actors: int, quota: int) -> af.Plan:
     return af.compile(g, quota=quota)
 
 
-def matmul_chain(length: int, size: int, devices: int, quota: int) -> af.Plan:
+def matmul_chain(length: int, size: int, devices: int, quota: int, fetch: str = "all") -> af.Plan:
+    """``fetch``: the host gets the whole last matrix each iteration ("all") or its first row."""
     rng = np.random.default_rng(0)
     with af.Graph() as g:
         h = af.placeholder("x", (size, size), "float32", "cpu:0")
@@ -45,7 +46,7 @@ def matmul_chain(length: int, size: int, devices: int, quota: int) -> af.Plan:
             device = f"cpu:{k * devices // length}"
             w = (rng.standard_normal((size, size)) / np.sqrt(size)).astype(np.float32)
             h = af.ops.matmul(af.ops.to_device(h, device), af.parameter(f"w{k}", w, device))
-        af.output("y", h)
+        af.output("y", h if fetch == "all" else af.ops.slice(h, [0], [1]))
     return af.compile(g, quota=quota)
 
 
@@ -59,9 +60,9 @@ def timed_run(plan: af.Plan, feeds: list[dict]) -> tuple[float, dict]:
         return elapsed, session.register_stats()
 
 
-def host_overhead(actors: int, iterations: int, repeats: int) -> tuple[float, float]:
+def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
     """(µs per act in actorflow, µs per call in a plain loop), medians."""
-    plan = noop_chain(actors, quota=2)
+    plan = noop_chain(actors, quota)
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     acts = len(plan.actors) * iterations
     x, out = np.ones(1, np.float32), np.empty(1, np.float32)
@@ -78,9 +79,11 @@ def host_overhead(actors: int, iterations: int, repeats: int) -> tuple[float, fl
     return statistics.median(ours), statistics.median(plain)
 
 
-def two_devices(length: int, size: int, iterations: int, quota: int, repeats: int) -> tuple[float, float, list[float]]:
+def two_devices(
+    length: int, size: int, iterations: int, quota: int, repeats: int, fetch: str = "all"
+) -> tuple[float, float, list[float]]:
     """(iterations/s on 1 device, on 2 devices, per-repeat ratios), medians."""
-    plans = {d: matmul_chain(length, size, d, quota) for d in (1, 2)}
+    plans = {d: matmul_chain(length, size, d, quota, fetch) for d in (1, 2)}
     x = np.random.default_rng(1).standard_normal((size, size)).astype(np.float32)
     feeds = [{"x": x}] * iterations
     rates: dict[int, list[float]] = {1: [], 2: []}
@@ -103,7 +106,13 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="runs per figure; medians are printed (default 5)")
     p.add_argument("--actors", type=int, default=8, help="no-op actors in the chain of (a) (default 8)")
     p.add_argument("--iterations", type=int, default=2000, help="iterations of (a) (default 2000)")
-    p.add_argument("--length", type=int, default=16, help="matmuls in the chain of (b) (default 16)")
+    p.add_argument(
+        "--quotas", type=int, nargs="+", default=[2, 8],
+        help="quotas of (a): 2 is the default; 8 leaves slack for the credits' round trip (default 2 8)",
+    )
+    p.add_argument(
+        "--lengths", type=int, nargs="+", default=[16, 32], help="matmuls in the chains of (b) (default 16 32)"
+    )
     p.add_argument("--size", type=int, default=384, help="matrix size of (b) (default 384)")
     p.add_argument("--steps", type=int, default=100, help="iterations of (b) and (c) (default 100)")
     p.add_argument("--quick", action="store_true", help="a fast smoke run: few repeats and iterations")
@@ -115,23 +124,29 @@ def main() -> int:
         f"actorflow overhead benchmark: python {platform.python_version()}, numpy {np.__version__}, "
         f"{os.cpu_count()} cores, medians of {args.repeats} runs"
     )
-    us_act, us_plain = host_overhead(args.actors, args.iterations, args.repeats)
-    one, two, ratios = two_devices(args.length, args.size, args.steps, 2, args.repeats)
-    held = {q: in_flight(args.length, args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
+    overhead = {q: host_overhead(args.actors, args.iterations, args.repeats, q) for q in args.quotas}
+    cases = [(n, "all") for n in args.lengths] + [(args.lengths[-1], "row")]
+    chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
+    held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
 
     rows = [
         (
-            f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations",
+            f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations, quota {q}",
             f"{us_act:.1f} us/act",
             f"{us_plain:.2f} us/call (plain loop)",
             f"+{us_act - us_plain:.1f} us/act",
-        ),
+        )
+        for q, (us_act, us_plain) in overhead.items()
+    ]
+    rows += [
         (
-            f"(b) {args.length} matmuls {args.size}x{args.size} f32, {args.steps} iterations, quota 2",
+            f"(b) {n} matmuls {args.size}x{args.size} f32, {args.steps} iterations, quota 2, "
+            f"fetch {'the result' if fetch == 'all' else 'its first row'}",
             f"{two:.1f} it/s on 2 devices",
             f"{one:.1f} it/s on 1 device",
             f"{two / one:.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})",
-        ),
+        )
+        for (n, fetch), (one, two, ratios) in chains.items()
     ]
     rows += [
         (f"(c) most buffers held by one register, quota {q}", f"{h} held", f"quota {q}", "equal" if h == q else "differs")
