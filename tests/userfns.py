@@ -57,3 +57,8 @@ def fail_with_cause(a):
         raise KeyError("the cause")
     except KeyError as e:
         raise ValueError("the effect") from e
+
+
+def slow_half(a):
+    time.sleep(0.5)
+    return a

@@ -7,8 +7,9 @@ Completions go back to trio in batches through ``run_sync_soon``. Each hand-over
 GIL switch or two (tens of µs here), so a batch is posted when the thread is about to
 block; once it holds an *urgent* completion (one that returns credits to another stream,
 tells another stream "ready", or carries a result for the host) and its first kernel
-started ``URGENT_AFTER`` seconds ago, so a long kernel reports at once while tiny ones
-share a wake-up; and otherwise ``FLUSH_AFTER`` seconds after its first kernel started.
+started ``URGENT_AFTER`` seconds ago, or before a kernel that took longer than that
+last time, so urgent news never waits behind a long kernel while tiny ones share a
+wake-up; and otherwise ``FLUSH_AFTER`` seconds after its first kernel started.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class StreamExecutor:
         batch: list = []
         oldest = 0.0
         pressing = False
+        took: dict[int, float] = {}
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -95,6 +97,9 @@ class StreamExecutor:
                         batch = []
                     if not stream.wait_until(point):
                         return
+            if pressing and batch and took.get(id(kernel), 0.0) > URGENT_AFTER:
+                self._post(batch)
+                batch = []
             self.running = ctx
             start = time.perf_counter()
             try:
@@ -104,6 +109,7 @@ class StreamExecutor:
                 self._post(batch)
                 return
             end = time.perf_counter()
+            took[id(kernel)] = end - start
             self.running = None
             self.done = seq
             if self._waiters:
