@@ -100,9 +100,6 @@ class Graph:
         self._names.add(name)
         return name
 
-    def by_op(self, op: str) -> list[Node]:
-        return [n for n in self.nodes if n.op == op]
-
 
 _current: ContextVar[Graph | None] = ContextVar("actorflow_graph", default=None)
 

@@ -153,7 +153,7 @@ class Runtime:
                     control=reg.control,
                     buffers=self._buffers[reg.id],
                     event=i.event,
-                    same_stream=producer.actor.stream == actor.stream,
+                    same_stream=i.sync == "stream",
                     producer=producer,
                     out=producer.actor.outputs.index(reg.id),
                 )
