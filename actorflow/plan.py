@@ -112,12 +112,17 @@ class Actor:
 
 @attrs.frozen
 class Collective:
-    """The actors (one per participating device) that run one collective together."""
+    """The actors (one per participating device) that run one collective together.
+
+    ``seconds``: with link emulation on, the time the collective takes on the emulated
+    link; the runtime pads the kernel to last that long after the real data movement.
+    """
 
     id: int
     name: str
     op: str
     actors: tuple[int, ...]
+    seconds: float = 0.0
 
 
 @attrs.frozen
@@ -147,7 +152,8 @@ class Parameter:
 
 @attrs.frozen
 class Plan:
-    """``collectives`` is in the one global order the collective stream runs them in."""
+    """``collectives`` is in the one global order the collective stream runs them in;
+    ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated."""
 
     actors: tuple[Actor, ...]
     registers: tuple[Register, ...]
@@ -157,6 +163,7 @@ class Plan:
     outputs: tuple[Output, ...] = ()
     parameters: tuple[Parameter, ...] = ()
     memory: dict[str, int] = attrs.Factory(dict)
+    link: tuple[float, float] | None = None
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:
@@ -288,8 +295,12 @@ def _summary_lines(plan: Plan) -> list[str]:
             f"{names[c]} ({stream_name.get(stream_of[c])})"
         )
     lines.append("collective order")
+    if plan.link is not None:
+        bandwidth, latency = plan.link
+        lines.append(f"  (link emulated: {bandwidth / 1e9:g} GB/s, {latency * 1e6:g} us latency)")
     for k, coll in enumerate(plan.collectives):
-        lines.append(f"  {k}. {coll.name} ({coll.op} over {len(coll.actors)} devices)")
+        emulated = f", {coll.seconds * 1e3:.3f} ms emulated" if plan.link is not None else ""
+        lines.append(f"  {k}. {coll.name} ({coll.op} over {len(coll.actors)} devices{emulated})")
     lines.append("planned memory (registers x quota + parameters)")
     for device, nbytes in sorted(plan.memory.items()):
         lines.append(f"  {device}: {nbytes / 1024:.1f} KiB")

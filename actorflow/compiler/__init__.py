@@ -10,6 +10,7 @@ from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
 from .expand import expand
+from .link import emulate_links
 from .priorities import assign_priorities
 from .registers import plan_registers
 from .streams import assign_streams
@@ -22,17 +23,24 @@ def compile(
     quota: int = 2,
     quotas: Mapping[str | Tensor, int] | None = None,
     priority: bool = True,
+    link_bandwidth: float | None = None,
+    link_latency: float = 0.0,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
     quota: buffers per register (default for all); quotas: per-tensor overrides, keyed by
-    tensor or tensor name; priority: compute-first launch order (False: off, for comparison).
+    tensor or tensor name; priority: compute-first launch order (False: off, for
+    comparison); link_bandwidth (bytes/s) and link_latency (s): emulate a link between
+    devices, so collectives take the time a ring collective would take on it (off by
+    default).
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = order_updates(plan)
     plan = assign_streams(plan)
     plan = order_collectives(plan)
+    if link_bandwidth is not None:
+        plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
     plan = plan_registers(plan, quota, overrides)
     plan = assign_priorities(plan, compute_first=priority)

@@ -105,3 +105,21 @@ def broadcast(tensor: Tensor, devices: Sequence[str], *, name: str | None = None
         raise fail("broadcast", f"needs distinct target devices, got {list(devices)}")
     outputs = [(tensor.shape, tensor.dtype, d) for d in targets]
     return add_node("broadcast", [tensor], outputs, {}, name)
+
+
+_RING_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: n - 1,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+}
+
+
+def ring_seconds(op: str, nbytes: int, devices: int, bandwidth: float, latency: float) -> float:
+    """Time a ring implementation of ``op`` takes over a link of ``bandwidth`` bytes/s and
+    ``latency`` seconds, ``nbytes`` being one participant's input (all-reduce:
+    2(n-1)/n x bytes / bandwidth + latency). One device moves nothing."""
+    if devices < 2:
+        return 0.0
+    return _RING_FACTOR[op](devices) * nbytes / bandwidth + latency

@@ -118,7 +118,9 @@ class Runtime:
         groups = {a: coll for coll in plan.collectives for a in coll.actors}
         units_of_stream: dict[int, list[Unit]] = {s.id: [] for s in plan.streams}
         for coll in plan.collectives:
-            self._add_unit(coll.name, [plan.actors[a] for a in coll.actors], units_of_stream)
+            unit = self._add_unit(coll.name, [plan.actors[a] for a in coll.actors], units_of_stream)
+            if coll.seconds > 0:
+                unit.kernel = functools.partial(_lasting, unit.kernel, coll.seconds)
         for actor in plan.actors:
             if actor.id not in groups:
                 self._add_unit(actor.name, [actor], units_of_stream)
@@ -176,12 +178,13 @@ class Runtime:
         inputs = self.plan.actors[consumer.actor].inputs[: consumer.slot]
         return sum(not self.plan.registers[i.register].is_parameter for i in inputs)
 
-    def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> None:
+    def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> Unit:
         first = actors[0]
         kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
         unit = Unit(len(self.units), name, first.priority, [self._members[a.id] for a in actors], kernel)
         self.units.append(unit)
         units_of_stream[first.stream].append(unit)
+        return unit
 
     # -- running -------------------------------------------------------------------
 
@@ -381,6 +384,16 @@ class Runtime:
                 )
             arrays[name] = array
         return arrays
+
+
+def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
+    """Run ``kernel``, then wait out the rest of ``seconds`` (an emulated link's time)."""
+    start = time.perf_counter()
+    result = kernel(ins, outs)
+    rest = seconds - (time.perf_counter() - start)
+    if rest > 0:
+        time.sleep(rest)
+    return result
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:
