@@ -14,32 +14,41 @@ from .registry import rule_for
 Ref = tuple[int, int]
 
 
-def gradients(y: Tensor, xs: Sequence[Tensor], dy: Tensor | None = None) -> list[Tensor | None]:
+def gradients(
+    y: Tensor | Sequence[Tensor], xs: Sequence[Tensor], dy: Tensor | None = None
+) -> list[Tensor | None]:
     """Gradients of ``y`` with respect to each of ``xs`` (None where y does not depend on x).
 
     ``dy`` weights y's elements (default: ones, so for a scalar loss these are dloss/dx).
-    The backward ops go into y's graph, wherever this is called from; a tensor used
-    several times gets its gradients summed.
+    ``y`` may be several tensors (say the partial losses of several devices): the
+    gradients are then those of their sum, each weighted by ones. The backward ops go
+    into y's graph, wherever this is called from; a tensor used several times gets its
+    gradients summed.
     """
-    graph = y.graph
-    if any(x.graph is not graph for x in xs) or (dy is not None and dy.graph is not graph):
+    ys = [y] if isinstance(y, Tensor) else list(y)
+    if not ys or (dy is not None and len(ys) > 1):
+        raise GraphError("gradients: give one y with dy, or one or more ys without")
+    graph = ys[0].graph
+    if any(t.graph is not graph for t in (*ys, *xs)) or (dy is not None and dy.graph is not graph):
         raise GraphError("gradients: y, xs and dy must belong to one graph")
     with graph:
-        return _gradients(graph, y, xs, dy)
+        return _gradients(graph, ys, xs, dy)
 
 
-def _gradients(graph: Graph, y: Tensor, xs: Sequence[Tensor], dy: Tensor | None) -> list[Tensor | None]:
-    if dy is None:
-        dy = ops.full(y.shape, 1.0, y.dtype, y.device)
-    elif (dy.shape, dy.dtype, dy.device) != (y.shape, y.dtype, y.device):
-        raise GraphError(
-            f"gradients: dy is {dy.dtype}{list(dy.shape)} on {dy.device}, "
-            f"y is {y.dtype}{list(y.shape)} on {y.device}"
-        )
+def _gradients(graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None) -> list[Tensor | None]:
+    grads: dict[Ref, Tensor] = {}
+    for y in ys:
+        seed = ops.full(y.shape, 1.0, y.dtype, y.device) if dy is None else dy
+        if (seed.shape, seed.dtype, seed.device) != (y.shape, y.dtype, y.device):
+            raise GraphError(
+                f"gradients: dy is {seed.dtype}{list(seed.shape)} on {seed.device}, "
+                f"y is {y.dtype}{list(y.shape)} on {y.device}"
+            )
+        ref = (y.node, y.index)
+        grads[ref] = ops.add(grads[ref], seed) if ref in grads else seed
     wanted = {(x.node, x.index) for x in xs}
-    relevant = _between(graph, wanted, (y.node, y.index))
-    grads: dict[Ref, Tensor] = {(y.node, y.index): dy}
-    for node in reversed(graph.nodes[: y.node + 1]):
+    relevant = set().union(*(_between(graph, wanted, (y.node, y.index)) for y in ys))
+    for node in reversed(graph.nodes[: max(y.node for y in ys) + 1]):
         if node.id not in relevant:
             continue
         douts = [grads.get((node.id, k)) for k in range(len(node.outputs))]

@@ -206,6 +206,11 @@ def _slice(node, ins, outs, douts):
     return [ops.pad(douts[0], node.attrs["begin"], ins[0].shape)]
 
 
+@grad_rule("scale")
+def _scale(node, ins, outs, douts):
+    return [ops.scale(douts[0], node.attrs["factor"])]
+
+
 @grad_rule("full")
 def _full(node, ins, outs, douts):
     return []

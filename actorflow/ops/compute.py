@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..graph.builder import add_node, axis_of, check_inputs, device_of, dtype_of, fail, float_dtype
+from ..graph.dispatch import dispatchable
 from ..graph.ir import Tensor
 from . import kernels
 from .registry import register
@@ -57,7 +58,7 @@ def _unary(op: str, kernel: Callable, doc: str, real: bool = False) -> Callable[
 
     build.__name__ = build.__qualname__ = op
     build.__doc__ = doc
-    return build
+    return dispatchable(build)
 
 
 def _binary(op: str, kernel: Callable, doc: str, real: bool = False) -> Callable[..., Tensor]:
@@ -74,7 +75,7 @@ def _binary(op: str, kernel: Callable, doc: str, real: bool = False) -> Callable
 
     build.__name__ = build.__qualname__ = op
     build.__doc__ = doc
-    return build
+    return dispatchable(build)
 
 
 relu = _unary("relu", kernels.relu, "max(x, 0), elementwise.")
@@ -102,6 +103,7 @@ register("call", "compute", kernels.call)
 register("full", "compute", kernels.full)
 
 
+@dispatchable
 def matmul(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
     """a @ b; leading (batch) dimensions broadcast as in numpy."""
     check_inputs("matmul", [a, b])
@@ -119,6 +121,7 @@ def matmul(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
     return _compute("matmul", [a, b], (*batch, a.shape[-2], b.shape[-1]), name=name)
 
 
+@dispatchable
 def bias_add(x: Tensor, bias: Tensor, *, name: str | None = None) -> Tensor:
     """x + bias, where bias matches x's trailing dimensions (a 1-D bias: the last one)."""
     check_inputs("bias_add", [x, bias])
@@ -130,6 +133,7 @@ def bias_add(x: Tensor, bias: Tensor, *, name: str | None = None) -> Tensor:
     return _compute("bias_add", [x, bias], x.shape, name=name)
 
 
+@dispatchable
 def softmax(x: Tensor, axis: int = -1, *, name: str | None = None) -> Tensor:
     check_inputs("softmax", [x])
     axis = axis_of("softmax", axis, x.ndim)
@@ -150,21 +154,25 @@ def _reduce(op: str, x: Tensor, axis, keepdims: bool, name: str | None, dtype: s
     return _compute(op, [x], shape, dtype=dtype, attrs=attrs, name=name)
 
 
+@dispatchable
 def reduce_sum(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None = None) -> Tensor:
     """Sum over ``axis`` (an int, a tuple, or None for all)."""
     return _reduce("sum", x, axis, keepdims, name)
 
 
+@dispatchable
 def reduce_mean(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None = None) -> Tensor:
     """Mean over ``axis``; integer inputs give float64."""
     return _reduce("mean", x, axis, keepdims, name, float_dtype(x.dtype))
 
 
+@dispatchable
 def reduce_max(x: Tensor, axis=None, keepdims: bool = False, *, name: str | None = None) -> Tensor:
     """Maximum over ``axis``."""
     return _reduce("max", x, axis, keepdims, name)
 
 
+@dispatchable
 def reshape(x: Tensor, shape: Sequence[int], *, name: str | None = None) -> Tensor:
     """A new shape of the same size; one dimension may be -1."""
     check_inputs("reshape", [x])
@@ -175,6 +183,7 @@ def reshape(x: Tensor, shape: Sequence[int], *, name: str | None = None) -> Tens
     return _compute("reshape", [x], new, name=name)
 
 
+@dispatchable
 def transpose(x: Tensor, perm: Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
     """Permute dimensions (reverse them when ``perm`` is None)."""
     check_inputs("transpose", [x])
@@ -185,6 +194,7 @@ def transpose(x: Tensor, perm: Sequence[int] | None = None, *, name: str | None 
     return _compute("transpose", [x], shape, attrs={"perm": perm}, name=name)
 
 
+@dispatchable
 def concat(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None) -> Tensor:
     """Join tensors along ``axis``; the other dims must agree."""
     tensors = list(tensors)
@@ -203,6 +213,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0, *, name: str | None = None)
     return _compute("concat", tensors, shape, attrs={"axis": axis}, name=name)
 
 
+@dispatchable
 def split(
     x: Tensor, sections: int | Sequence[int], axis: int = 0, *, name: str | None = None
 ) -> list[Tensor]:
@@ -223,6 +234,7 @@ def split(
     return add_node("split", [x], [(s, x.dtype, device) for s in shapes], {"axis": axis}, name)
 
 
+@dispatchable
 def slice_(
     x: Tensor, begin: Sequence[int], end: Sequence[int], *, name: str | None = None
 ) -> Tensor:

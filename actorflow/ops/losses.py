@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph.builder import check_inputs, fail
+from ..graph.dispatch import dispatchable
 from ..graph.ir import Tensor
 from . import loss_kernels
 from .compute import _compute
@@ -40,6 +41,7 @@ def _check_dy(op: str, dy: Tensor, like: Tensor) -> None:
         raise fail(op, f"dy must be a scalar {like.dtype}, got {dy.dtype}{list(dy.shape)}")
 
 
+@dispatchable
 def mse_loss(pred: Tensor, target: Tensor, *, name: str | None = None) -> Tensor:
     """mean((pred - target) ** 2) over all elements: a scalar of pred's dtype."""
     check_inputs("mse_loss", [pred, target])
@@ -71,6 +73,7 @@ def _check_cross_entropy(op: str, logits: Tensor, labels: Tensor) -> None:
         raise fail(op, f"needs at least one example and one class, got logits {logits.shape}")
 
 
+@dispatchable
 def softmax_cross_entropy(logits: Tensor, labels: Tensor, *, name: str | None = None) -> Tensor:
     """mean over rows n of -log softmax(logits[n])[labels[n]]: a scalar of the logits'
     dtype, computed with log-sum-exp. ``logits`` (N, C) float, ``labels`` (N,) integer ids
