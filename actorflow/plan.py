@@ -151,6 +151,20 @@ class Parameter:
 
 
 @attrs.frozen
+class LogicalTensor:
+    """A tensor placed on several devices, as the user sees it: fed, fetched or read as
+    one array, kept as one part per device. ``sbp``: "S" (parts split along ``axis``),
+    "B" (every part is the whole), "P" (the parts sum to it). ``parts``: the names of the
+    per-device feeds, outputs or parameters, in device order."""
+
+    kind: str
+    name: str
+    sbp: str
+    axis: int
+    parts: tuple[str, ...]
+
+
+@attrs.frozen
 class Plan:
     """``collectives`` is in the one global order the collective stream runs them in;
     ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated."""
@@ -164,6 +178,7 @@ class Plan:
     parameters: tuple[Parameter, ...] = ()
     memory: dict[str, int] = attrs.Factory(dict)
     link: tuple[float, float] | None = None
+    logical: tuple[LogicalTensor, ...] = ()
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

@@ -91,6 +91,7 @@ def expand(graph: Graph) -> Plan:
         feeds=tuple(feeds),
         outputs=tuple(outputs),
         parameters=tuple(parameters),
+        logical=tuple(graph.logical),
     )
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 
+from ..plan import LogicalTensor
+
 
 
 @attrs.frozen
@@ -68,6 +70,7 @@ class Graph:
 
     def __init__(self) -> None:
         self.nodes: list[Node] = []
+        self.logical: list[LogicalTensor] = []
         self._names: set[str] = set()
         self._tokens: list = []
 

@@ -26,6 +26,7 @@ from .actor_state import ActorState
 from .blas import single_threaded_blas
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
+from .logical import assemble, feed_names, split_feeds
 
 Feeds = Mapping[str, Any]
 
@@ -226,7 +227,8 @@ class Runtime:
             finally:
                 self._running = False
             self._raise_if_failed()
-            return self._results[0] if single else self._results
+            results = [assemble(self.plan.logical, "output", r) for r in self._results]
+            return results[0] if single else results
 
     def feed_value(self, name: str, iteration: int) -> np.ndarray:
         return self._feeds[iteration][name]
@@ -347,10 +349,12 @@ class Runtime:
         return "\n".join(lines)
 
     def parameters(self) -> dict[str, np.ndarray]:
-        """The current value of every model parameter, by name (copies; no optimizer state)."""
-        return {
+        """The current value of every model parameter, by name (copies; no optimizer state;
+        a parameter on several devices as one logical array)."""
+        values = {
             p.name: self._buffers[p.register][0].copy() for p in self.plan.parameters if not p.state
         }
+        return assemble(self.plan.logical, "parameter", values)
 
     def register_stats(self) -> dict[str, dict[str, int]]:
         """Per register: its quota and the most buffers held at once (taken, not yet freed)."""
@@ -365,17 +369,18 @@ class Runtime:
         where = "" if iteration is None else f"iteration {iteration}: "
         if not isinstance(feeds, Mapping):
             raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
-        expected = {f.name: f for f in self.plan.feeds}
-        missing = sorted(set(expected) - set(feeds))
-        extra = sorted(set(feeds) - set(expected))
+        expected = feed_names(self.plan)
+        missing = sorted(expected - set(feeds))
+        extra = sorted(set(feeds) - expected)
         if missing or extra:
             raise FeedError(
                 f"{where}feeds do not match the placeholders: missing {missing}, unknown {extra} "
                 f"(expected {sorted(expected)})"
             )
+        specs = {f.name: f for f in self.plan.feeds}
         arrays = {}
-        for name, value in feeds.items():
-            spec = expected[name]
+        for name, value in split_feeds(self.plan, feeds, where).items():
+            spec = specs[name]
             array = np.asarray(value)
             if array.shape != spec.shape or array.dtype.name != spec.dtype:
                 raise FeedError(
