@@ -12,7 +12,6 @@ it on trio with streams, events and register quotas::
 """
 
 from . import ops, optim
-from .autodiff import gradients
 from .compiler import compile
 from .errors import (
     ActorflowError,
@@ -23,13 +22,14 @@ from .errors import (
     PlanSerializationError,
     StallError,
 )
-from .graph import Graph, Tensor, output, parameter, placeholder
-from .optim import minimize
+from .graph import Graph, Tensor
+from .parallel import B, P, S, GlobalTensor, box, gradients, minimize, output, parameter, placeholder
 from .plan import Plan
 from .runtime import Runtime, Session, run
 
 __all__ = [
-    "ActorflowError", "CompileError", "DeadlockError", "FeedError", "Graph", "GraphError",
-    "Plan", "PlanSerializationError", "Runtime", "Session", "StallError", "Tensor",
+    "ActorflowError", "B", "CompileError", "DeadlockError", "FeedError", "GlobalTensor", "Graph",
+    "GraphError", "P", "Plan", "PlanSerializationError", "Runtime", "S", "Session", "StallError",
+    "Tensor", "box",
     "compile", "gradients", "minimize", "ops", "optim", "output", "parameter", "placeholder", "run",
 ]

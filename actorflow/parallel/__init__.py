@@ -1,0 +1,9 @@
+"""Tensors on several devices: SBP, boxing, and the builders and training entry points
+that accept them."""
+
+from .boxing import box
+from .build import gradients, minimize, output, parameter, placeholder
+from .global_tensor import GlobalTensor
+from .sbp import B, P, S
+
+__all__ = ["B", "GlobalTensor", "P", "S", "box", "gradients", "minimize", "output", "parameter", "placeholder"]

@@ -1,0 +1,151 @@
+"""The user-facing builders, for tensors on one device or on several.
+
+``placeholder``, ``parameter`` and ``output`` take ``device=[...]`` and ``sbp=`` to make a
+global tensor: one part per device, recorded in the graph as a logical tensor so a run
+takes and gives whole arrays. ``gradients`` and ``minimize`` accept global tensors: the
+gradient of a broadcast parameter is partial on each device and is all-reduced before
+every replica takes the same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import graph as g
+from .. import ops, optim
+from ..autodiff import gradients as local_gradients
+from ..errors import GraphError
+from ..graph.builder import device_of, graph_for
+from ..graph.ir import Tensor
+from ..plan import LogicalTensor
+from .boxing import box
+from .global_tensor import GlobalTensor, local_shape
+from .sbp import SBP, Broadcast, Partial, Split, B, P, sbp_code
+
+
+def _placement(op: str, device: Any, sbp: SBP | None) -> list[str] | None:
+    """The devices of a global tensor, or None for a tensor on one device."""
+    if not isinstance(device, (list, tuple)):
+        if sbp is not None:
+            raise GraphError(f"{op}: sbp= needs a list of devices, got {device!r}")
+        return None
+    devices = [device_of(op, d) for d in device]
+    if not devices or len(set(devices)) != len(devices):
+        raise GraphError(f"{op}: needs distinct devices, got {list(device)}")
+    if sbp is None or isinstance(sbp, Partial):
+        raise GraphError(f"{op}: a tensor on several devices needs sbp=af.S(axis) or af.B, got {sbp!r}")
+    return devices
+
+
+def _record(kind: str, name: str, sbp: SBP, parts: Sequence[str]) -> None:
+    graph = graph_for(kind)
+    graph.unique_name(name, kind)
+    graph.logical.append(LogicalTensor(kind, name, *sbp_code(sbp), tuple(parts)))
+
+
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: Any = "cpu:0", sbp: SBP | None = None
+) -> Tensor | GlobalTensor:
+    """A tensor fed at each iteration; on several devices with ``sbp`` (fed whole)."""
+    devices = _placement("placeholder", device, sbp)
+    if devices is None:
+        return g.placeholder(name, shape, dtype, device)
+    shape = tuple(shape)
+    part = local_shape("placeholder", shape, sbp, len(devices))
+    parts = [g.placeholder(f"{name}[{d}]", part, dtype, d) for d in devices]
+    _record("feed", name, sbp, [p.name for p in parts])
+    return GlobalTensor(shape, sbp, tuple(parts))
+
+
+def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor:
+    """A tensor kept across iterations; on several devices with ``sbp`` (a replica per
+    device for B, a shard per device for S)."""
+    devices = _placement("parameter", device, sbp)
+    if devices is None:
+        return g.parameter(name, value, device)
+    value = np.asarray(value)
+    local_shape("parameter", value.shape, sbp, len(devices))
+    values = np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
+    parts = [g.parameter(f"{name}[{d}]", v, d) for d, v in zip(devices, values)]
+    _record("parameter", name, sbp, [p.name for p in parts])
+    return GlobalTensor(value.shape, sbp, tuple(parts))
+
+
+def output(name: str, tensor: Tensor | GlobalTensor) -> None:
+    """Return ``tensor`` from each iteration under ``name`` (a global one as one array)."""
+    if not isinstance(tensor, GlobalTensor):
+        return g.output(name, tensor)
+    parts = [f"{name}[{d}]" for d in tensor.devices]
+    for part, t in zip(parts, tensor.locals):
+        g.output(part, t)
+    _record("output", name, tensor.sbp, parts)
+
+
+def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = None) -> list[Any]:
+    """Like ``af.gradients``; for a global ``y`` (partial or broadcast), the gradient of a
+    broadcast x is partial (P), that of a split x is split the same way."""
+    if not isinstance(y, GlobalTensor):
+        return local_gradients(y, xs, dy)
+    if dy is not None:
+        raise GraphError("gradients: dy is not supported for a tensor on several devices")
+    if isinstance(y.sbp, Split):
+        raise GraphError(f"gradients: y must be partial or broadcast, not {y.sbp!r}; reduce it first")
+    roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
+    flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
+    grads = iter(local_gradients(list(roots), flat))
+    out = []
+    for x in xs:
+        if not isinstance(x, GlobalTensor):
+            out.append(next(grads))
+            continue
+        parts = [next(grads) for _ in x.locals]
+        if all(p is None for p in parts):
+            out.append(None)
+            continue
+        with x.locals[0].graph:
+            parts = [
+                p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for p, t in zip(parts, x.locals)
+            ]
+        out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, tuple(parts)))
+    return out
+
+
+def minimize(loss: Tensor | GlobalTensor, optimizer: optim.SGD | optim.Adam, params: Sequence[Any] | None = None) -> list[Any]:
+    """Like ``af.minimize``; with a global loss, every global parameter (or ``params``)
+    gets its gradient all-reduced (broadcast ones) and each part the same update."""
+    if not isinstance(loss, GlobalTensor):
+        return optim.minimize(loss, optimizer, params)
+    graph = loss.locals[0].graph
+    if params is None:
+        params = _global_parameters(graph)
+    grads = gradients(loss, params)
+    used = [(p, gr) for p, gr in zip(params, grads) if gr is not None]
+    if not used:
+        raise GraphError(f"minimize: loss {loss.name!r} depends on no parameter")
+    with graph:
+        for param, grad in used:
+            if isinstance(param, GlobalTensor):
+                grad = box(grad, param.sbp)
+                for part, part_grad in zip(param.locals, grad.locals):
+                    optimizer.update(part, part_grad)
+            else:
+                optimizer.update(param, grad)
+    return [gr for _, gr in used]
+
+
+def _global_parameters(graph) -> list[GlobalTensor]:
+    by_name = {n.name: n for n in graph.nodes}
+    params = []
+    for lt in graph.logical:
+        if lt.kind != "parameter":
+            continue
+        parts = tuple(graph.tensor((by_name[p].id, 0)) for p in lt.parts)
+        sbp = Split(lt.axis) if lt.sbp == "S" else B
+        shape = list(parts[0].shape)
+        if lt.sbp == "S":
+            shape[lt.axis] *= len(parts)
+        params.append(GlobalTensor(tuple(shape), sbp, parts))
+    return params

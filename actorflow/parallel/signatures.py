@@ -1,0 +1,219 @@
+"""SBP signatures: for an op on global tensors, which SBP each input takes and what the
+output gets. Inputs that don't fit a signature are boxed first (see ``boxing``); the op
+then runs on each device's parts. Ops without a rule run on broadcast inputs.
+
+Signatures (S = split, B = broadcast, P = partial sum):
+- elementwise: all S(a) -> S(a), all B -> B; a B operand beside an S(a) one is sliced
+  (unless it broadcasts along a); add and sub: P, P -> P; mul and div: P with B -> P;
+  nonlinear ops box P to B first;
+- matmul: S(0) x B -> S(0), B x S(1) -> S(1), S(1) x S(0) -> P, P x B -> P, B x P -> P;
+- bias_add: x's SBP with a broadcast bias (sliced along x's split when that is the
+  bias's axis); softmax along an axis other than the split one keeps S;
+- sum and mean over the split axis: S -> P (a mean scaled by 1/n); over other axes S
+  stays S; P stays P; max boxes P and split-axis S to B;
+- losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import ops
+from ..errors import GraphError
+from ..graph.ir import Tensor
+from .boxing import box
+from .global_tensor import GlobalTensor
+from .sbp import B, P, SBP, Broadcast, Partial, Split, S
+
+Rule = Callable[[Callable, tuple, dict], Any]
+
+
+def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
+    name = op.__name__
+    placements = {g.devices for g in _globals(args, kwargs)}
+    if len(placements) > 1:
+        raise GraphError(f"{name}: global tensors on different placements {sorted(placements)}")
+    if any(isinstance(v, Tensor) for v in _flat(args, kwargs)):
+        raise GraphError(f"{name}: mixes tensors on one device with tensors on several")
+    return _RULES.get(name, _on_broadcast)(op, args, kwargs)
+
+
+def _flat(args: tuple, kwargs: dict) -> list:
+    out = []
+    for v in (*args, *kwargs.values()):
+        out.extend(v if isinstance(v, (list, tuple)) else [v])
+    return out
+
+
+def _globals(args: tuple, kwargs: dict) -> list[GlobalTensor]:
+    return [v for v in _flat(args, kwargs) if isinstance(v, GlobalTensor)]
+
+
+def _run(op: Callable, args: tuple, kwargs: dict, sbp: SBP) -> Any:
+    """Apply ``op`` on each device's parts; the result(s) get ``sbp``."""
+    first = _globals(args, kwargs)[0]
+    results = []
+    for k, device in enumerate(first.devices):
+
+        def part(v: Any) -> Any:
+            if isinstance(v, GlobalTensor):
+                return v.locals[k]
+            if isinstance(v, (list, tuple)) and any(isinstance(u, GlobalTensor) for u in v):
+                return type(v)(part(u) for u in v)
+            return v
+
+        local_kwargs = {key: part(v) for key, v in kwargs.items()}
+        if local_kwargs.get("name") is not None:
+            local_kwargs["name"] = f"{local_kwargs['name']}[{device}]"
+        results.append(op(*(part(a) for a in args), **local_kwargs))
+    if isinstance(results[0], list):
+        return [_wrap([r[j] for r in results], sbp) for j in range(len(results[0]))]
+    return _wrap(results, sbp)
+
+
+def _wrap(parts: Sequence[Tensor], sbp: SBP) -> GlobalTensor:
+    shape = list(parts[0].shape)
+    if isinstance(sbp, Split):
+        shape[sbp.axis] *= len(parts)
+    return GlobalTensor(tuple(shape), sbp, tuple(parts))
+
+
+def _on_broadcast(op: Callable, args: tuple, kwargs: dict) -> Any:
+    def boxed(v: Any) -> Any:
+        if isinstance(v, GlobalTensor):
+            return box(v, B)
+        if isinstance(v, (list, tuple)):
+            return type(v)(boxed(u) for u in v)
+        return v
+
+    return _run(op, tuple(boxed(a) for a in args), {k: boxed(v) for k, v in kwargs.items()}, B)
+
+
+def _pointwise(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    (x, *rest) = args
+    if isinstance(x.sbp, Partial):
+        x = box(x, B)
+    return _run(op, (x, *rest), kwargs, x.sbp)
+
+
+def _split_axis_of(ndim: int, other_shape: tuple[int, ...], axis: int) -> int | None:
+    """The axis of a tensor of ``other_shape`` that lines up with ``axis`` of an
+    ``ndim``-dim result under numpy broadcasting, or None if it broadcasts along it."""
+    k = axis - (ndim - len(other_shape))
+    if k < 0 or other_shape[k] == 1:
+        return None
+    return k
+
+
+def _binary(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    a, b = args[:2]
+    linear = op.__name__ in ("add", "sub")
+    scaling = op.__name__ in ("mul", "div")
+    if isinstance(a.sbp, Partial) and isinstance(b.sbp, Partial) and linear:
+        return _run(op, args, kwargs, P)
+    if scaling and isinstance(a.sbp, Partial) and isinstance(b.sbp, Broadcast):
+        return _run(op, args, kwargs, P)
+    if op.__name__ == "mul" and isinstance(b.sbp, Partial) and isinstance(a.sbp, Broadcast):
+        return _run(op, args, kwargs, P)
+    a = box(a, B) if isinstance(a.sbp, Partial) else a
+    b = box(b, B) if isinstance(b.sbp, Partial) else b
+    if a.sbp == b.sbp:
+        return _run(op, (a, b, *args[2:]), kwargs, a.sbp)
+    split = a if isinstance(a.sbp, Split) else b
+    other = b if split is a else a
+    out_ndim = max(a.ndim, b.ndim)
+    axis = split.sbp.axis + (out_ndim - split.ndim)
+    if isinstance(other.sbp, Broadcast):
+        k = _split_axis_of(out_ndim, other.shape, axis)
+        if k is not None:
+            other = box(other, S(k))
+        pair = (split, other) if split is a else (other, split)
+        return _run(op, (*pair, *args[2:]), kwargs, S(axis))
+    return _run(op, (box(a, B), box(b, B), *args[2:]), kwargs, B)
+
+
+def _matmul(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    a, b = args
+    if a.ndim != 2 or b.ndim != 2:
+        return _on_broadcast(op, args, kwargs)
+    pairs = {
+        (S(0), B): S(0),
+        (B, S(1)): S(1),
+        (S(1), S(0)): P,
+        (P, B): P,
+        (B, P): P,
+        (B, B): B,
+    }
+    if (a.sbp, b.sbp) in pairs:
+        return _run(op, args, kwargs, pairs[(a.sbp, b.sbp)])
+    if a.sbp == S(0):
+        return _run(op, (a, box(b, B)), kwargs, S(0))
+    if b.sbp == S(1):
+        return _run(op, (box(a, B), b), kwargs, S(1))
+    return _run(op, (box(a, B), box(b, B)), kwargs, B)
+
+
+def _bias_add(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x, bias = args
+    x = box(x, B) if isinstance(x.sbp, Partial) else x
+    bias = box(bias, B)
+    if isinstance(x.sbp, Split):
+        k = _split_axis_of(x.ndim, bias.shape, x.sbp.axis)
+        if k is not None:
+            bias = box(bias, S(k))
+    return _run(op, (x, bias), kwargs, x.sbp)
+
+
+def _softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x = args[0]
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else -1) % x.ndim
+    if isinstance(x.sbp, Partial) or x.sbp == S(axis):
+        x = box(x, B)
+    return _run(op, (x, *args[1:]), kwargs, x.sbp)
+
+
+def _reduce(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x = args[0]
+    axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
+    keepdims = kwargs.get("keepdims", args[2] if len(args) > 2 else False)
+    axes = set(range(x.ndim)) if axis is None else {a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+    is_max = op.__name__ == "reduce_max"
+    if isinstance(x.sbp, Partial):
+        if is_max:
+            return _reduce(op, (box(x, B), *args[1:]), kwargs)
+        return _run(op, args, kwargs, P)
+    if isinstance(x.sbp, Broadcast):
+        return _run(op, args, kwargs, B)
+    split = x.sbp.axis
+    if split not in axes:
+        shift = 0 if keepdims else sum(a < split for a in axes)
+        return _run(op, args, kwargs, S(split - shift))
+    if is_max:
+        return _reduce(op, (box(x, B), *args[1:]), kwargs)
+    out = _run(op, args, kwargs, P)
+    if op.__name__ == "reduce_mean":
+        out = _run(ops.scale, (out, 1.0 / len(x.locals)), {}, P)
+    return out
+
+
+def _batch_loss(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    a, b = args
+    if a.sbp == S(0) and b.sbp == S(0):
+        partial = _run(op, args, kwargs, P)
+        return _run(ops.scale, (partial, 1.0 / len(a.locals)), {}, P)
+    return _run(op, (box(a, B), box(b, B)), kwargs, B)
+
+
+_RULES: dict[str, Rule] = {
+    **{name: _pointwise for name in ("relu", "gelu", "tanh", "exp", "log")},
+    **{name: _binary for name in ("add", "sub", "mul", "div")},
+    "matmul": _matmul,
+    "bias_add": _bias_add,
+    "softmax": _softmax,
+    "reduce_sum": _reduce,
+    "reduce_mean": _reduce,
+    "reduce_max": _reduce,
+    "mse_loss": _batch_loss,
+    "softmax_cross_entropy": _batch_loss,
+}
