@@ -10,6 +10,7 @@ from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
 from .expand import expand
+from .fusion import fuse_collectives
 from .link import emulate_links
 from .priorities import assign_priorities
 from .registers import plan_registers
@@ -25,6 +26,9 @@ def compile(
     priority: bool = True,
     link_bandwidth: float | None = None,
     link_latency: float = 0.0,
+    fusion: bool = True,
+    bucket_first: int = 1 << 20,
+    bucket_cap: int = 25 << 20,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -32,11 +36,17 @@ def compile(
     tensor or tensor name; priority: compute-first launch order (False: off, for
     comparison); link_bandwidth (bytes/s) and link_latency (s): emulate a link between
     devices, so collectives take the time a ring collective would take on it (off by
-    default).
+    default); fusion: bucket the sum and mean all-reduces (gradients) in gradient-ready
+    order into one fused all-reduce per bucket, with one flat register per bucket and
+    device (False: off); bucket_first and bucket_cap (bytes of one device's tensors): the
+    first bucket closes once it holds bucket_first, and no bucket grows past bucket_cap
+    (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB.
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = order_updates(plan)
+    if fusion:
+        plan = fuse_collectives(plan, bucket_first, bucket_cap)
     plan = assign_streams(plan)
     plan = order_collectives(plan)
     if link_bandwidth is not None:

@@ -17,7 +17,7 @@ def emulate_links(plan: Plan, bandwidth: float, latency: float) -> Plan:
     collectives = []
     for coll in plan.collectives:
         first = plan.actors[coll.actors[0]]
-        nbytes = plan.registers[first.inputs[0].register].nbytes if first.inputs else 0
+        nbytes = sum(plan.registers[i.register].nbytes for i in first.inputs)
         seconds = ring_seconds(coll.op, nbytes, len(coll.actors), bandwidth, latency)
         collectives.append(attrs.evolve(coll, seconds=seconds))
     return attrs.evolve(plan, collectives=tuple(collectives), link=(float(bandwidth), float(latency)))
