@@ -167,7 +167,10 @@ class LogicalTensor:
 @attrs.frozen
 class Plan:
     """``collectives`` is in the one global order the collective stream runs them in;
-    ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated."""
+    ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated;
+    ``overlap=False``: collectives act as if they shared their devices' compute streams
+    (each waits for the compute queued before it and holds up the compute queued after
+    it), the schedule of frameworks with one stream, for comparison."""
 
     actors: tuple[Actor, ...]
     registers: tuple[Register, ...]
@@ -179,6 +182,7 @@ class Plan:
     memory: dict[str, int] = attrs.Factory(dict)
     link: tuple[float, float] | None = None
     logical: tuple[LogicalTensor, ...] = ()
+    overlap: bool = True
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

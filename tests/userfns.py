@@ -62,3 +62,8 @@ def fail_with_cause(a):
 def slow_half(a):
     time.sleep(0.5)
     return a
+
+
+def sleep_20ms(a):
+    time.sleep(0.02)
+    return a

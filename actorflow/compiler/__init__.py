@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import attrs
+
 from ..graph.ir import Graph, Tensor
 from ..plan import Plan
 from .check import check
@@ -29,6 +31,7 @@ def compile(
     fusion: bool = True,
     bucket_first: int = 1 << 20,
     bucket_cap: int = 25 << 20,
+    overlap: bool = True,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -40,7 +43,9 @@ def compile(
     order into one fused all-reduce per bucket, with one flat register per bucket and
     device (False: off); bucket_first and bucket_cap (bytes of one device's tensors): the
     first bucket closes once it holds bucket_first, and no bucket grows past bucket_cap
-    (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB.
+    (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB; overlap:
+    False makes collectives act as if they shared their devices' compute streams (the
+    schedule with no overlap, for comparison).
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
@@ -54,7 +59,7 @@ def compile(
     plan = insert_events(plan)
     plan = plan_registers(plan, quota, overrides)
     plan = assign_priorities(plan, compute_first=priority)
-    return check(plan)
+    return check(attrs.evolve(plan, overlap=overlap))
 
 
 __all__ = ["compile", "check", "expand"]

@@ -70,7 +70,7 @@ class Member:
 class Unit:
     """What a driver launches as one kernel: one actor, or a collective's participants."""
 
-    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "urgent")
+    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "urgent", "fences")
 
     def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel) -> None:
         self.id = id
@@ -82,6 +82,7 @@ class Unit:
         self.feed: str | None = None
         self.fetch: str | None = None
         self.urgent = False
+        self.fences: list[StreamExecutor] = []
         for m in members:
             m.unit = self
 
@@ -200,12 +201,17 @@ class Driver:
                     outs.append(spec.buffers[index])
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
+        for stream in unit.fences:
+            if stream.submitted:
+                waits.append((stream, stream.submitted))
         later: list = []
         seq = self.executor.submit(
             unit.kernel, ins, outs, waits, (unit, iteration, frees, later), unit.urgent
         )
         self.runtime.progress += 1
         event = (self.executor, seq)
+        for stream in unit.fences:
+            stream.submit(_fence, [], [], [event], None, False)
         for m, buffers in zip(unit.members, taken):
             for spec, index in zip(m.outputs, buffers):
                 for consumer, slot, early in spec.consumers:
@@ -240,3 +246,7 @@ class Driver:
             for consumer, slot, index, event in later:
                 self._send_ready(consumer, slot, index, event)
             self.runtime.completed(unit, iteration, result, start, end)
+
+
+def _fence(ins: list, outs: list) -> None:
+    """Holds a compute stream until a collective that shares it (overlap off) is done."""

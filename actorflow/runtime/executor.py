@@ -45,7 +45,8 @@ class StreamExecutor:
         self.thread.start()
 
     def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any, urgent: bool) -> int:
-        """Queue a kernel; returns its sequence number, the event others may wait on."""
+        """Queue a kernel; returns its sequence number, the event others may wait on.
+        A kernel with ``ctx`` None reports no completion (a fence)."""
         self.submitted += 1
         self._queue.put((self.submitted, kernel, ins, outs, waits, ctx, urgent))
         return self.submitted
@@ -115,6 +116,8 @@ class StreamExecutor:
             if self._waiters:
                 with self._cond:
                     self._cond.notify_all()
+            if ctx is None:
+                continue
             if not batch:
                 oldest = start
                 pressing = False

@@ -140,6 +140,12 @@ class Runtime:
             driver = Driver(self, stream.name, units, ordered, token)
             self._executors.append(driver.executor)
             self._drivers.append(driver)
+        if not plan.overlap:
+            compute = {s.device: d.executor for s, d in zip(plan.streams, self._drivers) if s.kind == "compute"}
+            for coll in plan.collectives:
+                unit = self._members[coll.actors[0]].unit
+                devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
+                unit.fences = [compute[d] for d in devices if d in compute]
 
     def _wire(self, member: Member) -> None:
         plan, actor = self.plan, member.actor
