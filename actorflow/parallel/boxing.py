@@ -5,12 +5,18 @@ B->S a local slice, B->P the whole on the first device and zeros elsewhere."""
 from __future__ import annotations
 
 from .. import ops
-from .global_tensor import GlobalTensor
+from ..errors import GraphError
+from .global_tensor import GlobalTensor, local_shape
 from .sbp import SBP, Broadcast, Partial, Split, B
 
 
 def box(x: GlobalTensor, to: SBP) -> GlobalTensor:
     """``x`` with SBP ``to``, same placement and logical value."""
+    if isinstance(to, Split):
+        if not -x.ndim <= to.axis < x.ndim:
+            raise GraphError(f"box: axis {to.axis} is out of range for {x!r}")
+        to = Split(to.axis % x.ndim)
+        local_shape("box", x.shape, to, len(x.locals))
     frm = x.sbp
     if frm == to:
         return x
@@ -31,7 +37,7 @@ def box(x: GlobalTensor, to: SBP) -> GlobalTensor:
             for k, t in enumerate(parts)
         ]
     elif isinstance(frm, Broadcast) and isinstance(to, Partial):
-        new = [parts[0]] + [ops.scale(t, 0.0) for t in parts[1:]]
+        new = [parts[0]] + [ops.full(t.shape, 0, t.dtype, t.device) for t in parts[1:]]
     else:
         return box(box(x, B), to)
     return GlobalTensor(x.shape, to, tuple(new))

@@ -16,6 +16,7 @@ Signatures (S = split, B = broadcast, P = partial sum):
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,12 +32,22 @@ Rule = Callable[[Callable, tuple, dict], Any]
 
 def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
     name = op.__name__
+    args, kwargs = _positional(op, args, kwargs)
     placements = {g.devices for g in _globals(args, kwargs)}
     if len(placements) > 1:
         raise GraphError(f"{name}: global tensors on different placements {sorted(placements)}")
     if any(isinstance(v, Tensor) for v in _flat(args, kwargs)):
         raise GraphError(f"{name}: mixes tensors on one device with tensors on several")
     return _RULES.get(name, _on_broadcast)(op, args, kwargs)
+
+
+def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Every argument but ``name`` by position, so rules can unpack tensors from args."""
+    bound = inspect.signature(op).bind(*args, **kwargs)
+    bound.apply_defaults()
+    rest = dict(bound.arguments)
+    name = rest.pop("name", None)
+    return tuple(rest.values()), ({"name": name} if name is not None else {})
 
 
 def _flat(args: tuple, kwargs: dict) -> list:
@@ -118,11 +129,16 @@ def _binary(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
         return _run(op, args, kwargs, P)
     a = box(a, B) if isinstance(a.sbp, Partial) else a
     b = box(b, B) if isinstance(b.sbp, Partial) else b
+    out_ndim = max(a.ndim, b.ndim)
+    if isinstance(a.sbp, Split) and isinstance(b.sbp, Split):
+        axis = a.sbp.axis + out_ndim - a.ndim
+        if axis == b.sbp.axis + out_ndim - b.ndim:
+            return _run(op, (a, b, *args[2:]), kwargs, S(axis))
+        b = box(b, B)
     if a.sbp == b.sbp:
         return _run(op, (a, b, *args[2:]), kwargs, a.sbp)
     split = a if isinstance(a.sbp, Split) else b
     other = b if split is a else a
-    out_ndim = max(a.ndim, b.ndim)
     axis = split.sbp.axis + (out_ndim - split.ndim)
     if isinstance(other.sbp, Broadcast):
         k = _split_axis_of(out_ndim, other.shape, axis)
@@ -166,17 +182,14 @@ def _bias_add(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
 
 
 def _softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
-    x = args[0]
-    axis = kwargs.get("axis", args[1] if len(args) > 1 else -1) % x.ndim
+    x, axis = args[0], args[1] % args[0].ndim
     if isinstance(x.sbp, Partial) or x.sbp == S(axis):
         x = box(x, B)
     return _run(op, (x, *args[1:]), kwargs, x.sbp)
 
 
 def _reduce(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
-    x = args[0]
-    axis = kwargs.get("axis", args[1] if len(args) > 1 else None)
-    keepdims = kwargs.get("keepdims", args[2] if len(args) > 2 else False)
+    x, axis, keepdims = args[:3]
     axes = set(range(x.ndim)) if axis is None else {a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
     is_max = op.__name__ == "reduce_max"
     if isinstance(x.sbp, Partial):
