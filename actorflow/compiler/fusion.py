@@ -31,7 +31,7 @@ import numpy as np
 
 from ..ops.fusion_kernels import fused_all_reduce
 from ..plan import Actor, Collective, Consumer, Plan, Register
-from .topology import data_edges, descendants, positions, unit_of
+from .topology import data_edges, descendants, ready_order, unit_of
 
 FUSIBLE_OPS = ("sum", "mean")
 
@@ -81,11 +81,11 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
             groups.setdefault(key, []).append(coll)
     if not any(len(members) > 1 for members in groups.values()):
         return []
-    position = positions(plan)
+    order = ready_order(plan)
     unit = unit_of(plan)
 
-    def ready(coll: Collective) -> int:
-        return position[unit[coll.actors[0]]]
+    def ready(coll: Collective) -> tuple[int, int]:
+        return order[unit[coll.actors[0]]]
 
     graph = _Contracted(data_edges(plan))
     buckets: list[list[Collective]] = []
