@@ -1,0 +1,156 @@
+"""Does communication hide behind computation? A data-parallel MLP training step on 2
+devices, gradients all-reduced over an *emulated* link sized so that communication takes
+about half of the compute time, in four schedules:
+
+  (1) collectives share the compute streams (no overlap possible),
+  (2) a separate collective stream, no priorities, no fusion,
+  (3) plus compute-first dispatch,
+  (4) plus fusion of the gradient all-reduces.
+
+In the same run it measures compute alone C (each device trains its half of the batch,
+no collectives) and communication alone M (the same all-reduces, nothing else), and
+prints per variant: step time T, the bound max(C, M), serial C + M, and the overlap
+efficiency (C + M - T) / min(C, M). Each variant writes a Chrome trace.
+
+Run: python benchmarks/overlap.py [--repeats 3] [--steps 20] [--bucket-cap BYTES] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import actorflow as af
+
+DEVICES = ["cpu:0", "cpu:1"]
+
+
+def weights(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+
+
+def mlp_loss(x, y, params):
+    h = x
+    for k, w in enumerate(params):
+        h = af.ops.matmul(h, w)
+        if k < len(params) - 1:
+            h = af.ops.tanh(h)
+    return af.ops.mse_loss(h, y)
+
+
+def data_parallel(sizes, batch, link, **options) -> af.Plan:
+    with af.Graph() as g:
+        x = af.placeholder("x", (batch, sizes[0]), "float32", DEVICES, af.S(0))
+        y = af.placeholder("y", (batch, sizes[-1]), "float32", DEVICES, af.S(0))
+        params = [af.parameter(f"w{k}", w, DEVICES, af.B) for k, w in enumerate(weights(sizes))]
+        loss = mlp_loss(x, y, params)
+        af.minimize(loss, af.optim.SGD(lr=0.01))
+        af.output("loss", loss)
+    return af.compile(g, link_bandwidth=link[0], link_latency=link[1], **options)
+
+
+def compute_alone(sizes, batch) -> af.Plan:
+    """Each device trains on its half of the batch with its own weights: the same kernels, no collectives."""
+    with af.Graph() as g:
+        for d in DEVICES:
+            x = af.placeholder(f"x[{d}]", (batch // 2, sizes[0]), "float32", d)
+            y = af.placeholder(f"y[{d}]", (batch // 2, sizes[-1]), "float32", d)
+            params = [af.parameter(f"w{k}[{d}]", w, d) for k, w in enumerate(weights(sizes))]
+            loss = mlp_loss(x, y, params)
+            af.minimize(loss, af.optim.SGD(lr=0.01))
+            af.output(f"loss[{d}]", loss)
+    return af.compile(g)
+
+
+def communication_alone(sizes, link) -> af.Plan:
+    """The gradient all-reduces alone, one per weight, on the emulated link."""
+    with af.Graph() as g:
+        for k, w in enumerate(weights(sizes)):
+            parts = [af.parameter(f"g{k}[{d}]", np.zeros_like(w), d) for d in DEVICES]
+            for d, r in zip(DEVICES, af.ops.all_reduce(parts)):
+                af.output(f"r{k}[{d}]", af.ops.slice(r, [0, 0], [1, 1]))
+    return af.compile(g, link_bandwidth=link[0], link_latency=link[1], fusion=False)
+
+
+def step_time(plan: af.Plan, feeds: dict, steps: int, repeats: int, trace: str | None = None) -> float:
+    """Median seconds per step over ``repeats`` runs of ``steps`` pipelined steps."""
+    times = []
+    with af.Session(plan, trace=trace is not None) as s:
+        s.run([feeds] * 2)
+        for _ in range(repeats):
+            s.recorder.spans.clear()
+            start = time.perf_counter()
+            s.run([feeds] * steps)
+            times.append((time.perf_counter() - start) / steps)
+        if trace is not None:
+            s.recorder.write(trace)
+    return statistics.median(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[512] * 9, help="layer widths (default 8 layers of 512)")
+    p.add_argument("--batch", type=int, default=128, help="global batch, split over 2 devices")
+    p.add_argument("--steps", type=int, default=20, help="steps per timed run")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are printed")
+    p.add_argument("--comm-share", type=float, default=0.5, help="emulated communication time as a share of compute")
+    p.add_argument("--latency", type=float, default=50e-6, help="emulated link latency, seconds")
+    p.add_argument("--bucket-cap", type=int, default=25 << 20, help="fusion bucket cap, bytes (default 25 MiB)")
+    p.add_argument("--out", default="benchmarks/out", help="folder for the traces")
+    args = p.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((args.batch, args.sizes[0])).astype(np.float32)
+    y = rng.standard_normal((args.batch, args.sizes[-1])).astype(np.float32)
+    half = args.batch // 2
+    local_feeds = {}
+    for k, d in enumerate(DEVICES):
+        local_feeds[f"x[{d}]"] = x[k * half : (k + 1) * half]
+        local_feeds[f"y[{d}]"] = y[k * half : (k + 1) * half]
+
+    c = step_time(compute_alone(args.sizes, args.batch), local_feeds, args.steps, args.repeats)
+    grad_bytes = sum(w.nbytes for w in weights(args.sizes))
+    # ring all-reduce over 2 devices moves 2(n-1)/n = 1 x the bytes: pick the bandwidth so M ~ share x C
+    seconds = max(args.comm_share * c - len(args.sizes[1:]) * args.latency, 1e-4)
+    link = (grad_bytes / seconds, args.latency)
+    m = step_time(communication_alone(args.sizes, link), {}, args.steps, args.repeats)
+
+    variants = [
+        ("(1) collectives on the compute streams", dict(overlap=False, priority=False, fusion=False)),
+        ("(2) collective stream, no priorities", dict(priority=False, fusion=False)),
+        ("(3) + compute-first dispatch", dict(priority=True, fusion=False)),
+        ("(4) + fusion", dict(priority=True, fusion=True, bucket_cap=args.bucket_cap)),
+    ]
+    print(
+        f"actorflow overlap benchmark: python {platform.python_version()}, numpy {np.__version__}, "
+        f"{os.cpu_count()} cores; MLP {args.sizes}, batch {args.batch} split over {len(DEVICES)} devices, "
+        f"{args.steps} steps x {args.repeats} runs (medians)"
+    )
+    print(
+        f"link emulated: {link[0] / 1e9:.3f} GB/s, {link[1] * 1e6:.0f} us latency; "
+        f"gradients {grad_bytes / 2**20:.1f} MiB per step"
+    )
+    print(f"compute alone C = {c * 1e3:.2f} ms, communication alone M = {m * 1e3:.2f} ms (emulated)")
+    header = ("variant", "T ms", "max(C,M) ms", "C+M ms", "T/max(C,M)", "overlap efficiency", "trace")
+    rows = []
+    for k, (label, options) in enumerate(variants, 1):
+        trace = os.path.join(args.out, f"overlap_variant{k}.trace.json")
+        t = step_time(data_parallel(args.sizes, args.batch, link, **options), {"x": x, "y": y}, args.steps, args.repeats, trace)
+        efficiency = (c + m - t) / min(c, m)
+        rows.append((label, f"{t * 1e3:.2f}", f"{max(c, m) * 1e3:.2f}", f"{(c + m) * 1e3:.2f}", f"{t / max(c, m):.2f}", f"{efficiency:.2f}", trace))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
