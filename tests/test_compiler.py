@@ -503,8 +503,21 @@ def test_priority_false_turns_compute_first_off():
     assert any(
         a.priority > late.priority for a in off.actors if a.stream == late.stream and a is not late
     )
-    # and apart from it, the launch order is the same
-    rest = [n for n in by_on if n != "after_ar"]
+    # with it on, what a collective reads goes first on its stream
+    collective_streams = {s.id for s in on.streams if s.kind == "collective"}
+    feeders = {
+        a.name
+        for a in on.actors
+        if any(on.actors[c.actor].stream in collective_streams for o in a.outputs for c in on.registers[o].consumers)
+        and a.stream not in collective_streams
+    }
+    assert feeders
+    for name in feeders:
+        actor = by_on[name]
+        others = [a for a in on.actors if a.stream == actor.stream and a.name not in feeders]
+        assert all(actor.priority < a.priority for a in others)
+    # and apart from those, the launch order is the same
+    rest = [n for n in by_on if n != "after_ar" and n not in feeders]
     assert sorted(rest, key=lambda n: by_on[n].priority) == sorted(
         rest, key=lambda n: by_off[n].priority
     )

@@ -4,9 +4,14 @@ number first, so it decides their order in the stream's queue.
 Deeper first: an actor later in the topological order goes ahead of an earlier one, so
 earlier iterations drain before later ones start (the way pipelines run backward before
 forward): the work another device waits for enters the queue first, and fewer buffers
-are held. Compute first (PaddlePaddle #47471), unless ``compute_first=False``: an actor
-that waits on a collective's result goes after every actor that doesn't, so its wait
-can't hold up compute that could run meanwhile.
+are held.
+
+Unless ``compute_first=False``, communication decides before depth (PaddlePaddle
+#47471's compute-first dispatch, and what makes gradient all-reduces overlap backward):
+an actor whose result a collective reads goes first, so communication can start as soon
+as possible (a bias gradient must not wait behind the rest of the backward pass); an
+actor that waits on a collective's result goes last, so its wait can't hold up compute
+that could run meanwhile.
 """
 
 from __future__ import annotations
@@ -27,9 +32,15 @@ def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
         producers = (plan.registers[i.register].producer for i in actor.inputs)
         return any(p >= 0 and stream_of[p] in collective_streams for p in producers)
 
+    def feeds_collective(actor) -> bool:
+        consumers = (c.actor for o in actor.outputs for c in plan.registers[o].consumers)
+        return any(stream_of[c] in collective_streams for c in consumers)
+
     def key(actor):
-        late = compute_first and actor.stream not in collective_streams and waits_on_collective(actor)
-        return (late, -position[unit[actor.id]], actor.id)
+        compute = actor.stream not in collective_streams
+        late = compute_first and compute and waits_on_collective(actor)
+        early = compute_first and compute and feeds_collective(actor)
+        return (late, not early, -position[unit[actor.id]], actor.id)
 
     rank = {a.id: k for k, a in enumerate(sorted(plan.actors, key=key))}
     actors = tuple(attrs.evolve(a, priority=rank[a.id]) for a in plan.actors)
