@@ -32,15 +32,20 @@ DEVICES = ["cpu:0", "cpu:1"]
 
 
 def weights(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
+    """A weight matrix and a bias per layer, alternating."""
     rng = np.random.default_rng(seed)
-    return [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+    out = []
+    for a, b in zip(sizes, sizes[1:]):
+        out += [(rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32), np.zeros(b, np.float32)]
+    return out
 
 
 def mlp_loss(x, y, params):
     h = x
-    for k, w in enumerate(params):
-        h = af.ops.matmul(h, w)
-        if k < len(params) - 1:
+    layers = len(params) // 2
+    for k in range(layers):
+        h = af.ops.bias_add(af.ops.matmul(h, params[2 * k]), params[2 * k + 1])
+        if k < layers - 1:
             h = af.ops.tanh(h)
     return af.ops.mse_loss(h, y)
 
@@ -75,7 +80,7 @@ def communication_alone(sizes, link) -> af.Plan:
         for k, w in enumerate(weights(sizes)):
             parts = [af.parameter(f"g{k}[{d}]", np.zeros_like(w), d) for d in DEVICES]
             for d, r in zip(DEVICES, af.ops.all_reduce(parts)):
-                af.output(f"r{k}[{d}]", af.ops.slice(r, [0, 0], [1, 1]))
+                af.output(f"r{k}[{d}]", af.ops.slice(r, [0] * r.ndim, [1] * r.ndim))
     return af.compile(g, link_bandwidth=link[0], link_latency=link[1], fusion=False)
 
 
@@ -96,13 +101,18 @@ def step_time(plan: af.Plan, feeds: dict, steps: int, repeats: int, trace: str |
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=int, nargs="+", default=[512] * 9, help="layer widths (default 8 layers of 512)")
-    p.add_argument("--batch", type=int, default=128, help="global batch, split over 2 devices")
+    p.add_argument(
+        "--sizes", type=int, nargs="+", default=[128] + [512] * 8, help="layer widths (default 128, then 8 layers of 512)"
+    )
+    p.add_argument("--batch", type=int, default=256, help="global batch, split over 2 devices")
     p.add_argument("--steps", type=int, default=20, help="steps per timed run")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are printed")
     p.add_argument("--comm-share", type=float, default=0.5, help="emulated communication time as a share of compute")
-    p.add_argument("--latency", type=float, default=50e-6, help="emulated link latency, seconds")
-    p.add_argument("--bucket-cap", type=int, default=25 << 20, help="fusion bucket cap, bytes (default 25 MiB)")
+    p.add_argument("--latency", type=float, default=100e-6, help="emulated link latency per collective, seconds")
+    p.add_argument(
+        "--bucket-cap", type=int, default=1 << 20,
+        help="fusion bucket cap, bytes (default 1 MiB: DDP's 25 MiB would put this 7 MiB model in one bucket)",
+    )
     p.add_argument("--out", default="benchmarks/out", help="folder for the traces")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -119,7 +129,7 @@ def main() -> int:
     c = step_time(compute_alone(args.sizes, args.batch), local_feeds, args.steps, args.repeats)
     grad_bytes = sum(w.nbytes for w in weights(args.sizes))
     # ring all-reduce over 2 devices moves 2(n-1)/n = 1 x the bytes: pick the bandwidth so M ~ share x C
-    seconds = max(args.comm_share * c - len(args.sizes[1:]) * args.latency, 1e-4)
+    seconds = max(args.comm_share * c - 2 * len(args.sizes[1:]) * args.latency, 1e-4)
     link = (grad_bytes / seconds, args.latency)
     m = step_time(communication_alone(args.sizes, link), {}, args.steps, args.repeats)
 
