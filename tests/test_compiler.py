@@ -456,10 +456,18 @@ def test_memory_counts_dtype_sizes():
 # -- priorities ---------------------------------------------------------------------------
 
 
-def priority_graph():
+def priority_graph(fed: bool = False):
+    """after_ar needs the all-reduce, indep does not. With parameters as inputs cpu:1's
+    compute stream is fed by the collective stream alone, so after_ar is launched early
+    and waits on the collective's event; with placeholders (fed) the feeds come in too,
+    and after_ar gets the result at the collective's completion."""
     with af.Graph() as g:
-        x0 = af.placeholder("x0", shape=(2, 3), device="cpu:0")
-        x1 = af.placeholder("x1", shape=(2, 3), device="cpu:1")
+        if fed:
+            x0 = af.placeholder("x0", shape=(2, 3), device="cpu:0")
+            x1 = af.placeholder("x1", shape=(2, 3), device="cpu:1")
+        else:
+            x0 = af.parameter("x0", np.full((2, 3), -1.0, np.float32), device="cpu:0")
+            x1 = af.parameter("x1", np.full((2, 3), 2.0, np.float32), device="cpu:1")
         a = af.ops.all_reduce([af.ops.relu(x0, name="r0"), af.ops.relu(x1, name="r1")], name="ar")
         c = af.ops.tanh(a[1], name="after_ar")  # waits on the collective
         d = af.ops.exp(af.ops.relu(x1, name="r2"), name="indep")  # does not
@@ -486,12 +494,28 @@ def test_consumer_of_a_collective_goes_after_independent_compute():
         assert late.priority > other.priority, name
 
 
-def test_compute_first_puts_every_collective_consumer_last():
+def test_compute_first_puts_a_consumer_waiting_on_a_collective_event_last():
     plan = af.compile(priority_graph())
     late = [a for a in plan.actors if waits_on_collective(plan, a)]
     assert [a.name for a in late] == ["after_ar"]
+    assert [i.sync for i in late[0].inputs] == ["event"]
     others = [a for a in plan.actors if not waits_on_collective(plan, a)]
     assert min(a.priority for a in late) > max(a.priority for a in others)
+
+
+def test_a_consumer_given_the_collective_result_at_completion_keeps_its_place():
+    """Its input arrives once the collective is done: nothing to wait for, so compute first
+    does not move it (its place among the actors that feed no collective is the same)."""
+    on = af.compile(priority_graph(fed=True))
+    off = af.compile(priority_graph(fed=True), priority=False)
+    after = by_name(on)["after_ar"]
+    assert [i.sync for i in after.inputs] == ["completion"]
+
+    def order(plan):
+        stream = by_name(plan)["after_ar"].stream
+        return [a.name for a in sorted(plan.actors, key=lambda a: a.priority) if a.stream == stream and a.name != "r1"]
+
+    assert order(on) == order(off)
 
 
 def test_priority_false_turns_compute_first_off():
@@ -533,7 +557,7 @@ def test_priorities_are_distinct_and_deterministic(priority):
 
 @pytest.mark.parametrize("priority", [True, False])
 def test_plans_run_the_same_with_and_without_compute_first(priority):
-    plan = af.compile(priority_graph(), priority=priority)
+    plan = af.compile(priority_graph(fed=True), priority=priority)
     x0 = np.full((2, 3), -1.0, np.float32)
     x1 = np.full((2, 3), 2.0, np.float32)
     outs = af.run(plan, [{"x0": x0, "x1": x1}] * 3)

@@ -10,8 +10,9 @@ Unless ``compute_first=False``, communication decides before depth (PaddlePaddle
 #47471's compute-first dispatch, and what makes gradient all-reduces overlap backward):
 an actor whose result a collective reads goes first, so communication can start as soon
 as possible (a bias gradient must not wait behind the rest of the backward pass); an
-actor that waits on a collective's result goes last, so its wait can't hold up compute
-that could run meanwhile.
+actor launched early to wait on a collective's event goes last, so its wait can't hold
+up compute that could run meanwhile (one that gets the result at the collective's
+completion has nothing left to wait for, and keeps its place).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
     stream_of = {a.id: a.stream for a in plan.actors}
 
     def waits_on_collective(actor) -> bool:
-        producers = (plan.registers[i.register].producer for i in actor.inputs)
-        return any(p >= 0 and stream_of[p] in collective_streams for p in producers)
+        producers = (plan.registers[i.register].producer for i in actor.inputs if i.sync == "event")
+        return any(stream_of[p] in collective_streams for p in producers)
 
     def feeds_collective(actor) -> bool:
         consumers = (c.actor for o in actor.outputs for c in plan.registers[o].consumers)
