@@ -183,6 +183,18 @@ def test_matmul(sa, sb):
     check_gradients(lambda t: af.ops.matmul(t["a"], t["b"]), {"a": rand(sa, 5), "b": rand(sb, 6)})
 
 
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("batch", [(), (2,)], ids=str)
+def test_matmul_with_transposed_operands(ta, tb, batch):
+    a_shape = (*batch, 4, 3) if ta else (*batch, 3, 4)
+    b_shape = (5, 4) if tb else (4, 5)
+    check_gradients(
+        lambda t: af.ops.matmul(t["a"], t["b"], transpose_a=ta, transpose_b=tb),
+        {"a": rand(a_shape, 15), "b": rand(b_shape, 16)},
+    )
+
+
 @pytest.mark.parametrize("bias_shape", [(3,), (2, 3)], ids=str)
 def test_bias_add(bias_shape):
     check_gradients(

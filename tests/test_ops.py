@@ -766,3 +766,26 @@ def test_non_contiguous_and_read_only_feeds():
         af.output("y", af.ops.sub(a, af.ops.to_device(af.ops.to_device(b, "cpu:1"), "cpu:0")))
 
     check(run_graph(build, {"a": view, "b": frozen})["y"], view - frozen, "float64")
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+def test_matmul_reads_operands_transposed(ta, tb):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 4, 3) if ta else (2, 3, 4))
+    b = rng.standard_normal((5, 4) if tb else (4, 5))
+    with af.Graph() as g:
+        x = af.placeholder("a", a.shape, "float64")
+        y = af.placeholder("b", b.shape, "float64")
+        af.output("c", af.ops.matmul(x, y, transpose_a=ta, transpose_b=tb))
+    out = af.run(af.compile(g), {"a": a, "b": b})["c"]
+    want = np.matmul(np.swapaxes(a, -1, -2) if ta else a, b.T if tb else b)
+    np.testing.assert_allclose(out, want, rtol=1e-12)
+
+
+def test_matmul_transposed_shape_errors_name_the_flags():
+    with af.Graph():
+        a = af.placeholder("a", (3, 4))
+        b = af.placeholder("b", (4, 5))
+        with pytest.raises(af.GraphError, match=r"matmul: inner dimensions differ.*transpose_a=True"):
+            af.ops.matmul(a, b, transpose_a=True)

@@ -137,17 +137,21 @@ def _softmax(node, ins, outs, douts):
 
 @grad_rule("matmul")
 def _matmul(node, ins, outs, douts):
-    # Batch dims broadcast: the products have the output's batch dims, sum_to folds the
-    # broadcast ones back.
+    # C = op(A) op(B), op a transpose where flagged; the gradients read operands
+    # transposed in place (no copy). Batch dims broadcast: the products have the output's
+    # batch dims, sum_to folds the broadcast ones back.
     (d,) = douts
     a, b = ins
-    da = ops.matmul(d, ops.transpose(b, _swap_last(b.ndim)))
-    db = ops.matmul(ops.transpose(a, _swap_last(a.ndim)), d)
+    ta, tb = node.attrs.get("transpose_a", False), node.attrs.get("transpose_b", False)
+    if not ta:
+        da = ops.matmul(d, b, transpose_b=not tb)
+    else:
+        da = ops.matmul(b, d, transpose_a=tb, transpose_b=True)
+    if not tb:
+        db = ops.matmul(a, d, transpose_a=not ta)
+    else:
+        db = ops.matmul(d, a, transpose_a=True, transpose_b=ta)
     return [ops.sum_to(da, a.shape), ops.sum_to(db, b.shape)]
-
-
-def _swap_last(ndim: int) -> tuple[int, ...]:
-    return (*range(ndim - 2), ndim - 1, ndim - 2)
 
 
 def _expand(d, x, axes, keepdims):

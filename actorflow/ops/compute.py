@@ -104,21 +104,28 @@ register("full", "compute", kernels.full)
 
 
 @dispatchable
-def matmul(a: Tensor, b: Tensor, *, name: str | None = None) -> Tensor:
-    """a @ b; leading (batch) dimensions broadcast as in numpy."""
+def matmul(
+    a: Tensor, b: Tensor, *, transpose_a: bool = False, transpose_b: bool = False, name: str | None = None
+) -> Tensor:
+    """a @ b; leading (batch) dimensions broadcast as in numpy. ``transpose_a`` /
+    ``transpose_b`` use an operand with its last two dims swapped, without a copy."""
     check_inputs("matmul", [a, b])
     if a.ndim < 2 or b.ndim < 2:
         raise fail("matmul", f"needs tensors of at least 2 dims, got {a.shape} @ {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise fail(
-            "matmul",
-            f"inner dimensions differ: {a.shape} @ {b.shape} ({a.shape[-1]} != {b.shape[-2]})",
-        )
+    (m, k1), (k2, n) = _last_two(a.shape, transpose_a), _last_two(b.shape, transpose_b)
+    if k1 != k2:
+        flags = f" (transpose_a={transpose_a}, transpose_b={transpose_b})" if transpose_a or transpose_b else ""
+        raise fail("matmul", f"inner dimensions differ: {a.shape} @ {b.shape}{flags} ({k1} != {k2})")
     try:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except ValueError:
         raise fail("matmul", f"batch dimensions of {a.shape} @ {b.shape} do not broadcast") from None
-    return _compute("matmul", [a, b], (*batch, a.shape[-2], b.shape[-1]), name=name)
+    attrs = {key: True for key, on in (("transpose_a", transpose_a), ("transpose_b", transpose_b)) if on}
+    return _compute("matmul", [a, b], (*batch, m, n), attrs=attrs, name=name)
+
+
+def _last_two(shape: tuple[int, ...], transposed: bool) -> tuple[int, int]:
+    return (shape[-1], shape[-2]) if transposed else (shape[-2], shape[-1])
 
 
 @dispatchable

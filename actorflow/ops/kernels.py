@@ -11,8 +11,11 @@ import math
 import numpy as np
 
 
-def matmul(ins, outs):
-    np.matmul(ins[0], ins[1], out=outs[0])
+def matmul(ins, outs, transpose_a=False, transpose_b=False):
+    """a @ b, either operand read transposed (a view: BLAS takes it as it is, no copy)."""
+    a = ins[0].swapaxes(-1, -2) if transpose_a else ins[0]
+    b = ins[1].swapaxes(-1, -2) if transpose_b else ins[1]
+    np.matmul(a, b, out=outs[0])
 
 
 def add(ins, outs):

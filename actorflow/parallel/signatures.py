@@ -42,12 +42,12 @@ def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
 
 
 def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Every argument but ``name`` by position, so rules can unpack tensors from args."""
+    """Every argument that can go by position goes by position (defaults filled in), so
+    rules can unpack tensors from args; keyword-only options stay keywords."""
     bound = inspect.signature(op).bind(*args, **kwargs)
     bound.apply_defaults()
-    rest = dict(bound.arguments)
-    name = rest.pop("name", None)
-    return tuple(rest.values()), ({"name": name} if name is not None else {})
+    options = {k: v for k, v in bound.kwargs.items() if not (k == "name" and v is None)}
+    return bound.args, options
 
 
 def _flat(args: tuple, kwargs: dict) -> list:
@@ -151,7 +151,7 @@ def _binary(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
 
 def _matmul(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     a, b = args
-    if a.ndim != 2 or b.ndim != 2:
+    if a.ndim != 2 or b.ndim != 2 or kwargs.get("transpose_a") or kwargs.get("transpose_b"):
         return _on_broadcast(op, args, kwargs)
     pairs = {
         (S(0), B): S(0),
