@@ -152,9 +152,13 @@ _REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum}
 
 def all_reduce(ins, outs, op):
     acc = outs[0]
-    np.copyto(acc, ins[0])
-    for x in ins[1:]:
-        _REDUCERS[op](acc, x, out=acc)
+    reduce = _REDUCERS[op]
+    if len(ins) == 1:
+        np.copyto(acc, ins[0])
+    else:
+        reduce(ins[0], ins[1], out=acc, dtype=acc.dtype)
+    for x in ins[2:]:
+        reduce(acc, x, out=acc)
     if op == "mean":
         acc /= len(ins)
     for out in outs[1:]:
