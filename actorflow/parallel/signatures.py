@@ -66,21 +66,22 @@ def _run(op: Callable, args: tuple, kwargs: dict, sbp: SBP) -> Any:
     first = _globals(args, kwargs)[0]
     results = []
     for k, device in enumerate(first.devices):
-
-        def part(v: Any) -> Any:
-            if isinstance(v, GlobalTensor):
-                return v.locals[k]
-            if isinstance(v, (list, tuple)) and any(isinstance(u, GlobalTensor) for u in v):
-                return type(v)(part(u) for u in v)
-            return v
-
-        local_kwargs = {key: part(v) for key, v in kwargs.items()}
+        local_kwargs = {key: _part(v, k) for key, v in kwargs.items()}
         if local_kwargs.get("name") is not None:
             local_kwargs["name"] = f"{local_kwargs['name']}[{device}]"
-        results.append(op(*(part(a) for a in args), **local_kwargs))
+        results.append(op(*(_part(a, k) for a in args), **local_kwargs))
     if isinstance(results[0], list):
         return [_wrap([r[j] for r in results], sbp) for j in range(len(results[0]))]
     return _wrap(results, sbp)
+
+
+def _part(value: Any, k: int) -> Any:
+    """Device k's part of an argument: a global tensor's k-th local, lists element-wise."""
+    if isinstance(value, GlobalTensor):
+        return value.locals[k]
+    if isinstance(value, (list, tuple)) and any(isinstance(u, GlobalTensor) for u in value):
+        return type(value)(_part(u, k) for u in value)
+    return value
 
 
 def _wrap(parts: Sequence[Tensor], sbp: SBP) -> GlobalTensor:
