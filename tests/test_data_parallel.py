@@ -88,3 +88,18 @@ def test_a_logical_feed_that_does_not_split_is_refused():
         af.run(plan, {"x": X})
     with pytest.raises(af.FeedError):
         af.run(plan, {"x": X[:6], "y": LABELS})
+
+
+def test_minimize_and_gradients_work_outside_the_with_block():
+    place = ["cpu:0", "cpu:1"]
+    with af.Graph() as g:
+        x = af.placeholder("x", (N, D), "float64", place, af.S(0))
+        w = af.parameter("w", W1, place, af.B)
+        partial = af.ops.sum(af.ops.matmul(x, w))
+        replicated = af.box(partial, af.B)
+    (dw,) = af.gradients(replicated, [w])
+    af.minimize(partial, af.optim.SGD(lr=0.1))
+    with g:
+        af.output("dw", dw)
+    out = af.run(af.compile(g), {"x": X})
+    np.testing.assert_allclose(out["dw"], np.repeat(X.sum(axis=0, keepdims=True).T, H, axis=1), rtol=1e-12)

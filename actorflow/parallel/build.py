@@ -19,7 +19,7 @@ from .. import ops, optim
 from ..autodiff import gradients as local_gradients
 from ..errors import GraphError
 from ..graph.builder import device_of, graph_for
-from ..graph.ir import Tensor
+from ..graph.ir import Graph, Tensor
 from ..plan import LogicalTensor
 from .boxing import box
 from .global_tensor import GlobalTensor, local_shape
@@ -93,23 +93,23 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
         raise GraphError("gradients: dy is not supported for a tensor on several devices")
     if isinstance(y.sbp, Split):
         raise GraphError(f"gradients: y must be partial or broadcast, not {y.sbp!r}; reduce it first")
-    roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
-    flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
-    grads = iter(local_gradients(list(roots), flat))
-    out = []
-    for x in xs:
-        if not isinstance(x, GlobalTensor):
-            out.append(next(grads))
-            continue
-        parts = [next(grads) for _ in x.locals]
-        if all(p is None for p in parts):
-            out.append(None)
-            continue
-        with x.locals[0].graph:
+    with y.locals[0].graph:
+        roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
+        flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
+        grads = iter(local_gradients(list(roots), flat))
+        out = []
+        for x in xs:
+            if not isinstance(x, GlobalTensor):
+                out.append(next(grads))
+                continue
+            parts = [next(grads) for _ in x.locals]
+            if all(p is None for p in parts):
+                out.append(None)
+                continue
             parts = [
                 p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for p, t in zip(parts, x.locals)
             ]
-        out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, tuple(parts)))
+            out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, tuple(parts)))
     return out
 
 
@@ -136,7 +136,7 @@ def minimize(loss: Tensor | GlobalTensor, optimizer: optim.SGD | optim.Adam, par
     return [gr for _, gr in used]
 
 
-def _global_parameters(graph) -> list[GlobalTensor]:
+def _global_parameters(graph: Graph) -> list[GlobalTensor]:
     by_name = {n.name: n for n in graph.nodes}
     params = []
     for lt in graph.logical:
