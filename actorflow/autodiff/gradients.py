@@ -7,7 +7,8 @@ from collections.abc import Sequence
 
 from .. import ops
 from ..errors import GraphError
-from ..graph.ir import Graph, Tensor
+from ..graph.builder import is_float
+from ..graph.ir import Graph, Node, Tensor
 from . import rules  # noqa: F401 - registers the rules
 from .registry import rule_for
 
@@ -58,11 +59,32 @@ def _gradients(graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor 
         if fn is None:
             raise GraphError(f"gradients: op {node.op!r} ({node.name}, built at {node.where}) is not differentiable")
         ins = [graph.tensor(ref) for ref in node.inputs]
+        if not any(is_float(t.dtype) for t in ins):
+            continue
         outs = [graph.tensor((node.id, k)) for k in range(len(node.outputs))]
-        for ref, d in zip(node.inputs, fn(node, ins, outs, douts)):
+        for ref, d in zip(node.inputs, _checked(node, ins, fn(node, ins, outs, douts))):
             if d is not None and ref[0] in relevant:
                 grads[ref] = ops.add(grads[ref], d) if ref in grads else d
     return [grads.get((x.node, x.index)) for x in xs]
+
+
+def _checked(node: Node, ins: list[Tensor], grads: Sequence[Tensor | None]) -> list[Tensor | None]:
+    """A rule's gradients, held to the contract: one per input, none for an integer input
+    (class labels, say), each with its input's shape, dtype and device."""
+    grads = list(grads)
+    if len(grads) != len(ins):
+        raise GraphError(f"gradient rule of {node.op!r} gave {len(grads)} gradients for {len(ins)} inputs")
+    for k, (x, d) in enumerate(zip(ins, grads)):
+        if d is None:
+            continue
+        if not is_float(x.dtype):
+            grads[k] = None
+        elif (d.shape, d.dtype, d.device) != (x.shape, x.dtype, x.device):
+            raise GraphError(
+                f"gradient rule of {node.op!r} ({node.name}) gave input {k} a gradient "
+                f"{d.dtype}{list(d.shape)} on {d.device}, but the input is {x.dtype}{list(x.shape)} on {x.device}"
+            )
+    return grads
 
 
 def _between(graph: Graph, sources: set[Ref], target: Ref) -> set[int]:

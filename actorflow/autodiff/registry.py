@@ -4,7 +4,9 @@ A rule gets the forward node, tensor handles on its inputs and outputs, and the 
 flowing into its outputs (None where an output gets none), and returns one gradient per
 input (None where the input gets none). It builds the backward ops with the ordinary op
 builders, so the backward pass is ops like any other: compiled, placed, and run the same.
-A gradient lives on the same device, with the same shape and dtype, as its tensor.
+A gradient lives on the same device, with the same shape and dtype, as its tensor;
+``gradients`` checks that, gives integer inputs no gradient, and skips ops with no
+floating-point input.
 """
 
 from __future__ import annotations

@@ -1,59 +1,17 @@
 """The gradient rules of the ops (see ``registry`` for the contract).
 
-Only floating-point tensors have gradients: a rule is not called when none of its op's
-inputs is a float, and an integer input (class labels, say) gets None. Every gradient a
-rule returns is checked to have its input's shape, dtype and device.
-
 ``max`` (and ``all_reduce`` with op="max") sends each gradient element to the maximal
 input elements, split evenly among them when several tie.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 
 from .. import ops
-from ..errors import GraphError
-from .registry import Rule, rule
-
-
-def _floating(t) -> bool:
-    return np.issubdtype(np.dtype(t.dtype), np.floating)
-
-
-def grad_rule(*names: str):
-    """``registry.rule`` with the float filter and the shape/dtype/device check."""
-
-    def register(fn: Rule) -> Rule:
-        @functools.wraps(fn)
-        def checked(node, ins, outs, douts):
-            if not any(_floating(t) for t in ins):
-                return [None] * len(ins)
-            grads = list(fn(node, ins, outs, douts))
-            if len(grads) != len(ins):
-                raise GraphError(
-                    f"gradient rule of {node.op!r} gave {len(grads)} gradients for {len(ins)} inputs"
-                )
-            for k, (x, d) in enumerate(zip(ins, grads)):
-                if d is None:
-                    continue
-                if not _floating(x):
-                    grads[k] = None
-                elif (d.shape, d.dtype, d.device) != (x.shape, x.dtype, x.device):
-                    raise GraphError(
-                        f"gradient rule of {node.op!r} ({node.name}) gave input {k} a gradient "
-                        f"{d.dtype}{list(d.shape)} on {d.device}, but the input is "
-                        f"{x.dtype}{list(x.shape)} on {x.device}"
-                    )
-            return grads
-
-        rule(*names)(checked)
-        return fn
-
-    return register
+from .registry import rule
 
 
 def _zeros_for_none(douts, outs):
@@ -67,26 +25,26 @@ def _zeros_for_none(douts, outs):
 # -- elementwise -------------------------------------------------------------------------
 
 
-@grad_rule("add")
+@rule("add")
 def _add(node, ins, outs, douts):
     (d,) = douts
     return [ops.sum_to(d, ins[0].shape), ops.sum_to(d, ins[1].shape)]
 
 
-@grad_rule("sub")
+@rule("sub")
 def _sub(node, ins, outs, douts):
     (d,) = douts
     return [ops.sum_to(d, ins[0].shape), ops.scale(ops.sum_to(d, ins[1].shape), -1.0)]
 
 
-@grad_rule("mul")
+@rule("mul")
 def _mul(node, ins, outs, douts):
     (d,) = douts
     a, b = ins
     return [ops.sum_to(ops.mul(d, b), a.shape), ops.sum_to(ops.mul(d, a), b.shape)]
 
 
-@grad_rule("div")
+@rule("div")
 def _div(node, ins, outs, douts):
     # y = a / b: da = d / b, db = -d a / b**2 = -(d / b) * y
     (d,) = douts
@@ -96,38 +54,38 @@ def _div(node, ins, outs, douts):
     return [ops.sum_to(d_over_b, a.shape), db]
 
 
-@grad_rule("bias_add")
+@rule("bias_add")
 def _bias_add(node, ins, outs, douts):
     (d,) = douts
     return [d, ops.sum_to(d, ins[1].shape)]
 
 
-@grad_rule("relu")
+@rule("relu")
 def _relu(node, ins, outs, douts):
     return [ops.relu_grad(douts[0], ins[0])]
 
 
-@grad_rule("gelu")
+@rule("gelu")
 def _gelu(node, ins, outs, douts):
     return [ops.gelu_grad(douts[0], ins[0])]
 
 
-@grad_rule("tanh")
+@rule("tanh")
 def _tanh(node, ins, outs, douts):
     return [ops.tanh_grad(douts[0], outs[0])]
 
 
-@grad_rule("exp")
+@rule("exp")
 def _exp(node, ins, outs, douts):
     return [ops.mul(douts[0], outs[0])]
 
 
-@grad_rule("log")
+@rule("log")
 def _log(node, ins, outs, douts):
     return [ops.div(douts[0], ins[0])]
 
 
-@grad_rule("softmax")
+@rule("softmax")
 def _softmax(node, ins, outs, douts):
     return [ops.softmax_grad(douts[0], outs[0], node.attrs["axis"])]
 
@@ -135,7 +93,7 @@ def _softmax(node, ins, outs, douts):
 # -- matmul and reductions ---------------------------------------------------------------
 
 
-@grad_rule("matmul")
+@rule("matmul")
 def _matmul(node, ins, outs, douts):
     # C = op(A) op(B), op a transpose where flagged; the gradients read operands
     # transposed in place (no copy). Batch dims broadcast: the products have the output's
@@ -162,12 +120,12 @@ def _expand(d, x, axes, keepdims):
     return ops.broadcast_to(d, x.shape)
 
 
-@grad_rule("sum")
+@rule("sum")
 def _sum(node, ins, outs, douts):
     return [_expand(douts[0], ins[0], node.attrs["axis"], node.attrs["keepdims"])]
 
 
-@grad_rule("mean")
+@rule("mean")
 def _mean(node, ins, outs, douts):
     (x,), axes = ins, node.attrs["axis"]
     count = math.prod(x.shape[k] for k in axes)
@@ -175,7 +133,7 @@ def _mean(node, ins, outs, douts):
     return [_expand(d, x, axes, node.attrs["keepdims"])]
 
 
-@grad_rule("max")
+@rule("max")
 def _max(node, ins, outs, douts):
     return [ops.max_grad(douts[0], ins[0], outs[0], node.attrs["axis"], node.attrs["keepdims"])]
 
@@ -183,44 +141,44 @@ def _max(node, ins, outs, douts):
 # -- shapes ------------------------------------------------------------------------------
 
 
-@grad_rule("reshape")
+@rule("reshape")
 def _reshape(node, ins, outs, douts):
     return [ops.reshape(douts[0], ins[0].shape)]
 
 
-@grad_rule("transpose")
+@rule("transpose")
 def _transpose(node, ins, outs, douts):
     inverse = tuple(int(k) for k in np.argsort(node.attrs["perm"]))
     return [ops.transpose(douts[0], inverse)]
 
 
-@grad_rule("concat")
+@rule("concat")
 def _concat(node, ins, outs, douts):
     axis = node.attrs["axis"]
     return list(ops.split(douts[0], [t.shape[axis] for t in ins], axis))
 
 
-@grad_rule("split")
+@rule("split")
 def _split(node, ins, outs, douts):
     return [ops.concat(_zeros_for_none(douts, outs), node.attrs["axis"])]
 
 
-@grad_rule("slice")
+@rule("slice")
 def _slice(node, ins, outs, douts):
     return [ops.pad(douts[0], node.attrs["begin"], ins[0].shape)]
 
 
-@grad_rule("scale")
+@rule("scale")
 def _scale(node, ins, outs, douts):
     return [ops.scale(douts[0], node.attrs["factor"])]
 
 
-@grad_rule("full")
+@rule("full")
 def _full(node, ins, outs, douts):
     return []
 
 
-@grad_rule("copy")  # to_device
+@rule("copy")  # to_device
 def _copy(node, ins, outs, douts):
     return [ops.to_device(douts[0], ins[0].device)]
 
@@ -228,7 +186,7 @@ def _copy(node, ins, outs, douts):
 # -- collectives -------------------------------------------------------------------------
 
 
-@grad_rule("all_reduce")
+@rule("all_reduce")
 def _all_reduce(node, ins, outs, douts):
     ds = _zeros_for_none(douts, outs)
     op = node.attrs["op"]
@@ -241,19 +199,19 @@ def _all_reduce(node, ins, outs, douts):
     return [ops.mul(t, ops.div(m, c)) for t, m, c in zip(total, masks, counts)]
 
 
-@grad_rule("all_gather")
+@rule("all_gather")
 def _all_gather(node, ins, outs, douts):
     # Input k is chunk k of every result: its gradient is the sum over devices of chunk k.
     return ops.reduce_scatter(_zeros_for_none(douts, outs), node.attrs["axis"])
 
 
-@grad_rule("reduce_scatter")
+@rule("reduce_scatter")
 def _reduce_scatter(node, ins, outs, douts):
     # Chunk k of every input went (summed) into result k: each input gets all the results.
     return ops.all_gather(_zeros_for_none(douts, outs), node.attrs["axis"])
 
 
-@grad_rule("broadcast")
+@rule("broadcast")
 def _broadcast(node, ins, outs, douts):
     (x,) = ins
     parts = [ops.to_device(d, x.device) for d in douts if d is not None]
@@ -263,7 +221,7 @@ def _broadcast(node, ins, outs, douts):
     return [total]
 
 
-@grad_rule("all_to_all")
+@rule("all_to_all")
 def _all_to_all(node, ins, outs, douts):
     # The inverse exchange: split where the forward concatenated, concatenate where it split.
     split_axis, concat_axis = node.attrs["split_axis"], node.attrs["concat_axis"]
@@ -275,14 +233,14 @@ def _all_to_all(node, ins, outs, douts):
 # -- losses ------------------------------------------------------------------------------
 
 
-@grad_rule("mse_loss")
+@rule("mse_loss")
 def _mse_loss(node, ins, outs, douts):
     pred, target = ins
     dpred = ops.mse_loss_grad(douts[0], pred, target)
     return [dpred, ops.scale(dpred, -1.0)]
 
 
-@grad_rule("softmax_cross_entropy")
+@rule("softmax_cross_entropy")
 def _softmax_cross_entropy(node, ins, outs, douts):
     logits, labels = ins
     return [ops.softmax_cross_entropy_grad(douts[0], logits, labels), None]

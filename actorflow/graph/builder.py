@@ -40,9 +40,13 @@ def axis_of(op: str, axis: Any, ndim: int) -> int:
     return int(axis) % ndim
 
 
+def is_float(dtype: str) -> bool:
+    return bool(np.issubdtype(np.dtype(dtype), np.floating))
+
+
 def float_dtype(dtype: str) -> str:
     """The dtype of a result that must be real-valued: floats stay, integers become float64."""
-    return dtype if np.issubdtype(np.dtype(dtype), np.floating) else "float64"
+    return dtype if is_float(dtype) else "float64"
 
 
 def graph_for(op: str):

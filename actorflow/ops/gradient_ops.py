@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..graph.builder import axis_of, check_inputs, fail, float_dtype
+from ..graph.builder import axis_of, check_inputs, fail, float_dtype, is_float
 from ..graph.ir import Tensor
 from . import gradient_kernels
 from .compute import _compute
@@ -89,7 +89,7 @@ def _same_shapes(op: str, tensors: Sequence[Tensor]) -> None:
 
 def _floats(op: str, tensors: Sequence[Tensor]) -> None:
     for t in tensors:
-        if not np.issubdtype(np.dtype(t.dtype), np.floating):
+        if not is_float(t.dtype):
             raise fail(op, f"needs floating-point tensors, got {t.dtype} ({t.name})")
 
 

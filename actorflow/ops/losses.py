@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph.builder import check_inputs, fail
+from ..graph.builder import check_inputs, fail, is_float
 from ..graph.dispatch import dispatchable
 from ..graph.ir import Tensor
 from . import loss_kernels
@@ -17,10 +17,6 @@ register("softmax_cross_entropy", "compute", loss_kernels.softmax_cross_entropy)
 register("softmax_cross_entropy_grad", "compute", loss_kernels.softmax_cross_entropy_grad)
 
 
-def _is_float(dtype: str) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating)
-
-
 def _is_int(dtype: str) -> bool:
     return np.issubdtype(np.dtype(dtype), np.integer)
 
@@ -30,7 +26,7 @@ def _check_mse(op: str, pred: Tensor, target: Tensor) -> None:
         raise fail(op, f"pred {pred.shape} and target {target.shape} differ in shape")
     if pred.dtype != target.dtype:
         raise fail(op, f"pred is {pred.dtype}, target is {target.dtype}")
-    if not _is_float(pred.dtype):
+    if not is_float(pred.dtype):
         raise fail(op, f"needs floating-point tensors, got {pred.dtype}")
     if 0 in pred.shape:
         raise fail(op, f"the mean over an empty tensor {pred.shape} is undefined")
@@ -60,7 +56,7 @@ def mse_loss_grad(dy: Tensor, pred: Tensor, target: Tensor, *, name: str | None 
 def _check_cross_entropy(op: str, logits: Tensor, labels: Tensor) -> None:
     if logits.ndim != 2:
         raise fail(op, f"logits must be (N, C), got shape {logits.shape}")
-    if not _is_float(logits.dtype):
+    if not is_float(logits.dtype):
         raise fail(op, f"logits must be floating-point, got {logits.dtype}")
     if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
         raise fail(
