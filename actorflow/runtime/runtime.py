@@ -48,6 +48,7 @@ class Runtime:
         self.progress = 0
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
+        self._protocol: dict[int, list[int]] = {}
         self._executors: list[StreamExecutor] = []
         self._drivers: list[Driver] = []
         self._buffers: list[list[np.ndarray]] = []
@@ -105,10 +106,13 @@ class Runtime:
             else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
             for r in plan.registers
         ]
+        self._protocol = {
+            a.id: [k for k, i in enumerate(a.inputs) if not plan.registers[i.register].is_parameter]
+            for a in plan.actors
+        }
         for actor in plan.actors:
-            protocol_inputs = sum(not plan.registers[i.register].is_parameter for i in actor.inputs)
             state = ActorState(
-                protocol_inputs,
+                len(self._protocol[actor.id]),
                 [plan.registers[o].quota for o in actor.outputs],
                 [len(plan.registers[o].consumers) for o in actor.outputs],
             )
@@ -149,8 +153,8 @@ class Runtime:
 
     def _wire(self, member: Member) -> None:
         plan, actor = self.plan, member.actor
-        slot = 0
-        for i in actor.inputs:
+        protocol = self._protocol[actor.id]
+        for k, i in enumerate(actor.inputs):
             reg = plan.registers[i.register]
             if reg.is_parameter:
                 member.inputs.append(InputSpec(param=self._buffers[reg.id][0]))
@@ -158,7 +162,7 @@ class Runtime:
             producer = self._members[reg.producer]
             member.inputs.append(
                 InputSpec(
-                    slot=slot,
+                    slot=protocol.index(k),
                     control=reg.control,
                     buffers=self._buffers[reg.id],
                     event=i.event,
@@ -167,23 +171,17 @@ class Runtime:
                     out=producer.actor.outputs.index(reg.id),
                 )
             )
-            slot += 1
         for o in actor.outputs:
             reg = plan.registers[o]
             consumers = [
                 (
                     self._members[c.actor],
-                    self._protocol_slot(c),
+                    self._protocol[c.actor].index(c.slot),
                     plan.actors[c.actor].inputs[c.slot].sync != "completion",
                 )
                 for c in reg.consumers
             ]
             member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control))
-
-    def _protocol_slot(self, consumer) -> int:
-        """The consumer's input slot counted among its non-parameter inputs."""
-        inputs = self.plan.actors[consumer.actor].inputs[: consumer.slot]
-        return sum(not self.plan.registers[i.register].is_parameter for i in inputs)
 
     def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> Unit:
         first = actors[0]
@@ -326,9 +324,8 @@ class Runtime:
                 continue
             missing_in, missing_out = state.lacking()
             reasons = []
-            protocol = [i for i in actor.inputs if not plan.registers[i.register].is_parameter]
             for k in missing_in:
-                reg = plan.registers[protocol[k].register]
+                reg = plan.registers[actor.inputs[self._protocol[actor.id][k]].register]
                 reasons.append(f"input {reg.name!r} from {plan.actors[reg.producer].name!r} not ready")
             for k in missing_out:
                 reg = plan.registers[actor.outputs[k]]
