@@ -204,6 +204,8 @@ class Driver:
         for stream in unit.fences:
             if stream.submitted:
                 waits.append((stream, stream.submitted))
+        # Filled after submit: safe, since the completion that reads it is handled on this
+        # (trio) thread, never before this launch returns.
         later: list = []
         seq = self.executor.submit(
             unit.kernel, ins, outs, waits, (unit, iteration, frees, later), unit.urgent

@@ -49,6 +49,7 @@ class Runtime:
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
         self._protocol: dict[int, list[int]] = {}
+        self._feed_names = feed_names(plan)
         self._executors: list[StreamExecutor] = []
         self._drivers: list[Driver] = []
         self._buffers: list[list[np.ndarray]] = []
@@ -372,7 +373,7 @@ class Runtime:
         where = "" if iteration is None else f"iteration {iteration}: "
         if not isinstance(feeds, Mapping):
             raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
-        expected = feed_names(self.plan)
+        expected = self._feed_names
         missing = sorted(expected - set(feeds))
         extra = sorted(set(feeds) - expected)
         if missing or extra:
