@@ -5,6 +5,10 @@ class ActorflowError(Exception):
     """Base class of every error actorflow raises on its own account."""
 
 
+class ConfigError(ActorflowError, ValueError):
+    """A training config is malformed; str() is one line naming the YAML path."""
+
+
 class GraphError(ActorflowError, ValueError):
     """A graph was built wrong: shapes, dtypes, devices or names that don't fit."""
 

@@ -1,0 +1,492 @@
+"""The training-run config behind ``actorflow run configs/NAME.yaml``.
+
+Loading goes in four steps, and nothing runs until all of them pass: ``yaml.safe_load``
+reads the file; each ``--set dotted.path=value`` override replaces a value in the raw
+mapping; cattrs structures the mapping into the frozen classes below (types, unknown and
+missing keys); plain functions check what types can't say (ranges, divisibility, devices).
+Every problem is a ConfigError whose message is one line starting with the dotted YAML
+path (``parallel.stages[1]: ...``), or with the file for whole-document problems.
+"""
+
+import math
+import os
+import re
+import reprlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, NewType, get_args, get_origin
+
+import attrs
+import cattrs
+import yaml
+from cattrs.cols import homogenous_tuple_structure_factory
+from cattrs.errors import (
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
+from cattrs.gen import make_dict_structure_fn
+
+from .devices import parse_device
+from .errors import ConfigError
+
+Device = NewType("Device", str)
+"""A canonical device name: structuring runs the YAML string through parse_device."""
+
+Stage = NewType("Stage", tuple[Device, ...])
+"""One pipeline stage's devices, one per data-parallel replica; the YAML may give a lone
+device string, which becomes a 1-tuple."""
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """An MLP with one dense layer between each pair of neighbouring sizes."""
+
+    kind: Literal["mlp"] = "mlp"
+    sizes: tuple[int, ...]
+    activation: Literal["relu", "tanh", "gelu"] = "relu"
+    dtype: Literal["float32", "float64"] = "float32"
+
+
+@attrs.frozen(kw_only=True)
+class DataConfig:
+    kind: Literal["synthetic_classification"] = "synthetic_classification"
+    samples: int
+    seed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class OptimizerConfig:
+    """sgd reads lr and momentum; adam reads lr, beta1, beta2 and eps."""
+
+    kind: Literal["sgd", "adam"] = "sgd"
+    lr: float
+    momentum: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig:
+    steps: int
+    batch_size: int
+    optimizer: OptimizerConfig
+    log_every: int = 1
+
+
+@attrs.frozen(kw_only=True)
+class ParallelConfig:
+    """stages[i] holds stage i's devices, one per data-parallel replica; partition, if
+    given, holds each stage's number of layers."""
+
+    stages: tuple[Stage, ...]
+    data_parallel: int = 1
+    micro_batches: int = 1
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    partition: tuple[int, ...] | None = None
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Every device, stage-major: all of stage 0's replicas first."""
+        return tuple(device for stage in self.stages for device in stage)
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeConfig:
+    """The keyword arguments of ``actorflow.compiler.compile`` of the same names
+    (link_bandwidth in bytes/s, None for no link emulation; link_latency in seconds)."""
+
+    quota: int = 2
+    priority: bool = True
+    fusion: bool = True
+    link_bandwidth: float | None = None
+    link_latency: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class OutputConfig:
+    """Paths to write the metrics JSON and the Chrome trace to; None writes none."""
+
+    metrics: str | None = None
+    trace: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Config:
+    """A whole training run; build it with load_config or parse_config, which validate it."""
+
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    parallel: ParallelConfig
+    runtime: RuntimeConfig = RuntimeConfig()
+    output: OutputConfig = OutputConfig()
+
+    @property
+    def layers(self) -> int:
+        return len(self.model.sizes) - 1
+
+    @property
+    def features(self) -> int:
+        return self.model.sizes[0]
+
+    @property
+    def classes(self) -> int:
+        return self.model.sizes[-1]
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.train.batch_size // self.parallel.micro_batches
+
+    @property
+    def replica_batch_size(self) -> int:
+        """Rows of a micro-batch that each data-parallel replica of a stage gets."""
+        return self.micro_batch_size // self.parallel.data_parallel
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        """Layers per stage: parallel.partition if given, else as even a split as there is,
+        the first stages taking one more layer each when the layers don't divide evenly."""
+        if self.parallel.partition is not None:
+            return self.parallel.partition
+        base, extra = divmod(self.layers, len(self.parallel.stages))
+        return tuple(base + (stage < extra) for stage in range(len(self.parallel.stages)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (dicts, lists, str, numbers, bools, None) that parse_config reads back."""
+        return _CONVERTER.unstructure(self)
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Config:
+    """Read, override (``dotted.path=value`` each) and validate the YAML config at ``path``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as err:
+        raise _fail(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
+    return parse_config(text, overrides, source=str(path))
+
+
+def parse_config(
+    document: str | Mapping[str, Any], overrides: Sequence[str] = (), source: str = "<string>"
+) -> Config:
+    """Validate a config given as YAML text or as an already-loaded mapping (which is not
+    modified), after applying ``overrides``; ``source`` names the text in errors about
+    the document as a whole."""
+    raw = _load_yaml(document, source) if isinstance(document, str) else document
+    if not isinstance(raw, Mapping):
+        raise _fail(source, f"expected a mapping of sections ({_names(Config)}), got {_shown(raw)}")
+    for override in overrides:
+        raw = _override(raw, override)
+    config = _structure(raw)
+    _check(config)
+    return config
+
+
+def _fail(path: str, problem: str) -> ConfigError:
+    return ConfigError(f"{path}: {problem}")
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: its repr, abbreviated so the message stays one short line."""
+    return reprlib.repr(value)
+
+
+def _names(cls: type) -> str:
+    return ", ".join(sorted(field.name for field in attrs.fields(cls)))
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+# -- YAML and overrides ------------------------------------------------------------
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise _fail(source, f"invalid YAML{where}: {_yaml_problem(err)}") from None
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    return getattr(err, "problem", None) or str(err).partition("\n")[0]
+
+
+def _override(raw: Mapping[str, Any], override: str) -> dict[str, Any]:
+    """``raw`` with the override's value put at its path; mappings missing on the way are
+    created, so an unknown key fails later exactly as one written in the file."""
+    path, equals, text = override.partition("=")
+    path = path.strip()
+    if not equals:
+        raise _fail(f"--set {override}", "expected dotted.path=value")
+    keys = [key.strip() for key in path.split(".")]
+    if "" in keys:
+        raise _fail(f"--set {override}", "empty key in the path")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise _fail(f"--set {path}", f"invalid YAML value {text!r}: {_yaml_problem(err)}") from None
+    node: Any = raw
+    for depth, key in enumerate(keys[:-1]):
+        node = node.get(key, {})
+        if not isinstance(node, Mapping):
+            raise _fail(f"--set {path}", f"{'.'.join(keys[: depth + 1])} is {_shown(node)}, not a mapping")
+    return _replaced(raw, keys, value)
+
+
+def _replaced(mapping: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict[str, Any]:
+    key, *rest = keys
+    return {**mapping, key: _replaced(mapping.get(key, {}), rest, value) if rest else value}
+
+
+# -- structuring: types, unknown and missing keys ----------------------------------------
+
+
+def _structure_int(value: Any, _: type) -> int:
+    if type(value) is not int:  # not bool: YAML's true is no count
+        raise TypeError(f"expected an integer, got {_shown(value)}")
+    return value
+
+
+_EXPONENT = re.compile(r"[-+]?\d+[eE][-+]?\d+")
+
+
+def _structure_float(value: Any, _: type) -> float:
+    if type(value) not in (int, float):
+        hint = ""
+        if isinstance(value, str) and _EXPONENT.fullmatch(value):
+            # YAML 1.1 (PyYAML) reads 1e-3 as a string; the commonest way to get here.
+            mantissa, exponent = value.lower().split("e")
+            hint = f" (YAML reads it as a string: write {mantissa}.0e{exponent})"
+        raise TypeError(f"expected a number, got {_shown(value)}{hint}")
+    if not math.isfinite(value):
+        raise ValueError(f"expected a finite number, got {_shown(value)}")
+    return float(value)
+
+
+def _structure_bool(value: Any, _: type) -> bool:
+    if type(value) is not bool:
+        raise TypeError(f"expected true or false, got {_shown(value)}")
+    return value
+
+
+def _structure_str(value: Any, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {_shown(value)}")
+    return value
+
+
+def _structure_choice(value: Any, literal: Any) -> Any:
+    choices = get_args(literal)
+    if value not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}, got {_shown(value)}")
+    return value
+
+
+def _is_homogeneous_tuple(cls: Any) -> bool:
+    return get_origin(cls) is tuple and len(get_args(cls)) == 2 and get_args(cls)[1] is Ellipsis
+
+
+def _list_hook(cls: Any, converter: cattrs.Converter) -> Callable[[Any, Any], tuple]:
+    """cattrs' own tuple hook, but only for a list: it would split a string into items."""
+    structure_items = homogenous_tuple_structure_factory(cls, converter)
+
+    def structure(value: Any, _: Any) -> tuple:
+        if not isinstance(value, list | tuple):
+            raise TypeError(f"expected a list, got {_shown(value)}")
+        return structure_items(value, cls)
+
+    return structure
+
+
+def _mapping_hook(cls: type, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+    """cattrs' own attrs-class hook, but with a clear message when the value isn't a mapping."""
+    structure_fields = make_dict_structure_fn(cls, converter)
+
+    def structure(value: Any, _: Any) -> Any:
+        if not isinstance(value, Mapping):
+            raise TypeError(f"expected a mapping, got {_shown(value)}")
+        return structure_fields(value, cls)
+
+    return structure
+
+
+def _make_converter() -> cattrs.Converter:
+    converter = cattrs.Converter(forbid_extra_keys=True)
+    converter.register_structure_hook(int, _structure_int)
+    converter.register_structure_hook(float, _structure_float)
+    converter.register_structure_hook(bool, _structure_bool)
+    converter.register_structure_hook(str, _structure_str)
+    converter.register_structure_hook_func(lambda cls: get_origin(cls) is Literal, _structure_choice)
+    converter.register_structure_hook_factory(_is_homogeneous_tuple, _list_hook)
+    converter.register_structure_hook_factory(attrs.has, _mapping_hook)
+    converter.register_structure_hook(Device, lambda value, _: parse_device(value))
+
+    def structure_stage(value: Any, _: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            return (parse_device(value),)
+        if isinstance(value, list | tuple):
+            return converter.structure(value, tuple[Device, ...])
+        raise TypeError(f"expected a device string or a list of them, got {_shown(value)}")
+
+    converter.register_structure_hook(Stage, structure_stage)
+    return converter
+
+
+_CONVERTER = _make_converter()
+
+
+def _structure(raw: Mapping[str, Any]) -> Config:
+    try:
+        return _CONVERTER.structure(raw, Config)
+    except ClassValidationError as err:
+        problems = list(_problems(err, ""))
+        # A misspelt key also leaves the intended one missing: name the misspelling first.
+        problems.sort(key=lambda problem: not isinstance(problem[1], ForbiddenExtraKeysError))
+        raise _as_config_error(*problems[0]) from None
+
+
+def _problems(err: BaseException, path: str) -> Iterator[tuple[str, BaseException]]:
+    """Each leaf of cattrs' nested validation errors, with its dotted path, in field order."""
+    if not isinstance(err, ClassValidationError | IterableValidationError):
+        yield path, err
+        return
+    located, unlocated = err.group_exceptions()
+    for sub, note in located:
+        if isinstance(note, IterableValidationNote):
+            yield from _problems(sub, f"{path}[{note.index}]")
+        else:
+            yield from _problems(sub, _key_path(path, note.name))
+    for sub in unlocated:
+        yield from _problems(sub, path)
+
+
+def _key_path(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _as_config_error(path: str, err: BaseException) -> ConfigError:
+    if isinstance(err, ForbiddenExtraKeysError):
+        key = min(map(str, err.extra_fields))
+        return _fail(_key_path(path, key), f"unknown key (expected one of: {_names(err.cl)})")
+    if isinstance(err, KeyError):  # how cattrs reports a missing field
+        return _fail(path, "required")
+    return _fail(path, str(err))
+
+
+# -- checks beyond types --------------------------------------------------------------
+
+
+def _check(config: Config) -> None:
+    """Values first, section by section; then the rules that tie sections together."""
+    _check_values(config)
+    _check_optimizer(config.train.optimizer)
+    _check_batching(config)
+    _check_stages(config.parallel, config.layers)
+    _check_partition(config.parallel, config.layers)
+
+
+def _at_least(path: str, value: float, low: float) -> None:
+    if value < low:
+        raise _fail(path, f"must be >= {low}, got {value!r}")
+
+
+def _above(path: str, value: float, low: float) -> None:
+    if not value > low:
+        raise _fail(path, f"must be > {low}, got {value!r}")
+
+
+def _fraction(path: str, value: float) -> None:
+    if not 0 <= value < 1:
+        raise _fail(path, f"must be in [0, 1), got {value!r}")
+
+
+def _check_values(config: Config) -> None:
+    model, data, train, parallel, runtime = (
+        config.model, config.data, config.train, config.parallel, config.runtime
+    )
+    if len(model.sizes) < 2:
+        raise _fail("model.sizes", f"expected at least 2 sizes (input and output), got {list(model.sizes)}")
+    for i, size in enumerate(model.sizes):
+        _at_least(f"model.sizes[{i}]", size, 1)
+    _at_least("data.samples", data.samples, 1)
+    _at_least("data.seed", data.seed, 0)
+    _at_least("train.steps", train.steps, 1)
+    _at_least("train.batch_size", train.batch_size, 1)
+    _above("train.optimizer.lr", train.optimizer.lr, 0)
+    _fraction("train.optimizer.momentum", train.optimizer.momentum)
+    _fraction("train.optimizer.beta1", train.optimizer.beta1)
+    _fraction("train.optimizer.beta2", train.optimizer.beta2)
+    _above("train.optimizer.eps", train.optimizer.eps, 0)
+    _at_least("train.log_every", train.log_every, 1)
+    _at_least("parallel.data_parallel", parallel.data_parallel, 1)
+    _at_least("parallel.micro_batches", parallel.micro_batches, 1)
+    for i, layers in enumerate(parallel.partition or ()):
+        _at_least(f"parallel.partition[{i}]", layers, 1)
+    _at_least("runtime.quota", runtime.quota, 1)
+    if runtime.link_bandwidth is not None:
+        _above("runtime.link_bandwidth", runtime.link_bandwidth, 0)
+    _at_least("runtime.link_latency", runtime.link_latency, 0)
+
+
+_USED_ONLY_BY = {"momentum": "sgd", "beta1": "adam", "beta2": "adam", "eps": "adam"}
+
+
+def _check_optimizer(optimizer: OptimizerConfig) -> None:
+    """A setting the chosen optimizer ignores is a mistake, unless it is left at its default."""
+    for field in attrs.fields(OptimizerConfig):
+        user = _USED_ONLY_BY.get(field.name, optimizer.kind)
+        if user != optimizer.kind and getattr(optimizer, field.name) != field.default:
+            raise _fail(
+                f"train.optimizer.{field.name}",
+                f"only {user} uses {field.name}, but train.optimizer.kind is {optimizer.kind}",
+            )
+
+
+def _check_batching(config: Config) -> None:
+    samples, batch = config.data.samples, config.train.batch_size
+    micro_batches, replicas = config.parallel.micro_batches, config.parallel.data_parallel
+    if samples < batch:
+        raise _fail("data.samples", f"{samples} is less than train.batch_size {batch}")
+    if batch % micro_batches:
+        raise _fail("parallel.micro_batches", f"{micro_batches} does not divide train.batch_size {batch}")
+    if config.micro_batch_size % replicas:
+        raise _fail(
+            "parallel.data_parallel",
+            f"{replicas} does not divide the micro-batch size {config.micro_batch_size} "
+            f"(train.batch_size {batch} / parallel.micro_batches {micro_batches}): "
+            "each replica gets an equal share",
+        )
+
+
+def _check_stages(parallel: ParallelConfig, layers: int) -> None:
+    stages, replicas = parallel.stages, parallel.data_parallel
+    if not stages:
+        raise _fail("parallel.stages", "expected at least one stage")
+    if len(stages) > layers:
+        raise _fail("parallel.stages", f"{len(stages)} stages but model.sizes has only {_count(layers, 'layer')}")
+    wanted = "one device" if replicas == 1 else f"a list of {replicas} devices, one per replica"
+    first_use: dict[str, int] = {}
+    for i, stage in enumerate(stages):
+        path = f"parallel.stages[{i}]"
+        if len(stage) != replicas:
+            raise _fail(path, f"expected {wanted} (parallel.data_parallel is {replicas}), got {list(stage)}")
+        for device in stage:
+            if device in first_use:
+                raise _fail(path, f"device {device!r} is used twice (first in parallel.stages[{first_use[device]}])")
+            first_use[device] = i
+
+
+def _check_partition(parallel: ParallelConfig, layers: int) -> None:
+    partition, stages = parallel.partition, len(parallel.stages)
+    if partition is None:
+        return
+    if len(partition) != stages:
+        raise _fail("parallel.partition", f"expected one entry per stage ({stages}), got {list(partition)}")
+    if sum(partition) != layers:
+        raise _fail("parallel.partition", f"sums to {sum(partition)} but model.sizes has {_count(layers, 'layer')}")
