@@ -93,7 +93,15 @@ class Register:
 
 @attrs.frozen
 class Actor:
-    """One physical op instance on one device: it reads its inputs and writes its outputs."""
+    """One physical op instance on one device: it reads its inputs and writes its outputs.
+
+    ``every``: micro-batches per act. 1 for most actors; with micro-batching (m > 1),
+    m for the actors that act once per step (variables, updates, what sits between an
+    ``accumulate`` and an update). Where rates differ on an edge, a ``repeat`` actor
+    keeps its input for m acts and an ``accumulate`` actor publishes its output every
+    m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
+    autodiff (its activations' inputs are what pipeline schedules keep).
+    """
 
     id: int
     name: str
@@ -108,6 +116,8 @@ class Actor:
     priority: int = 0
     group: int = -1
     where: str = ""
+    every: int = 1
+    backward: bool = False
 
 
 @attrs.frozen
@@ -170,7 +180,8 @@ class Plan:
     ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated;
     ``overlap=False``: collectives act as if they shared their devices' compute streams
     (each waits for the compute queued before it and holds up the compute queued after
-    it), the schedule of frameworks with one stream, for comparison."""
+    it), the schedule of frameworks with one stream, for comparison; ``micro_batches``:
+    feeds per step (a run takes whole steps; see ``Actor.every``)."""
 
     actors: tuple[Actor, ...]
     registers: tuple[Register, ...]
@@ -183,6 +194,7 @@ class Plan:
     link: tuple[float, float] | None = None
     logical: tuple[LogicalTensor, ...] = ()
     overlap: bool = True
+    micro_batches: int = 1
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

@@ -32,8 +32,13 @@ def gradients(
     graph = ys[0].graph
     if any(t.graph is not graph for t in (*ys, *xs)) or (dy is not None and dy.graph is not graph):
         raise GraphError("gradients: y, xs and dy must belong to one graph")
-    with graph:
-        return _gradients(graph, ys, xs, dy)
+    outer = graph.building_backward
+    graph.building_backward = True
+    try:
+        with graph:
+            return _gradients(graph, ys, xs, dy)
+    finally:
+        graph.building_backward = outer
 
 
 def _gradients(graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None) -> list[Tensor | None]:

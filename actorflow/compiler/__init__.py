@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import attrs
 
+from ..devices import parse_device
+from ..errors import CompileError
 from ..graph.ir import Graph, Tensor
 from ..plan import Plan
 from .check import check
@@ -14,8 +16,10 @@ from .events import insert_events
 from .expand import expand
 from .fusion import fuse_collectives
 from .link import emulate_links
+from .micro_batches import split_micro_batches
 from .priorities import assign_priorities
 from .registers import plan_registers
+from .schedules import schedule_quotas
 from .streams import assign_streams
 from .updates import order_updates
 
@@ -32,6 +36,9 @@ def compile(
     bucket_first: int = 1 << 20,
     bucket_cap: int = 25 << 20,
     overlap: bool = True,
+    micro_batches: int = 1,
+    stages: Sequence[str | Sequence[str]] | None = None,
+    schedule: str | None = None,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -46,9 +53,17 @@ def compile(
     (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB; overlap:
     False makes collectives act as if they shared their devices' compute streams (the
     schedule with no overlap, for comparison).
+
+    micro_batches: feeds per step: the graph is built for one micro-batch, and each
+    update happens once per step, with gradients averaged over the step's micro-batches
+    (see ``micro_batches``); stages and schedule ("gpipe" or "1f1b"): the pipeline's
+    stages in order (a device or a list of devices each), so that the registers each
+    stage keeps for backward get the schedule's quota (see ``schedules``; ``quotas``
+    still override them).
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
+    plan = split_micro_batches(plan, micro_batches)
     plan = order_updates(plan)
     if fusion:
         plan = fuse_collectives(plan, bucket_first, bucket_cap)
@@ -57,9 +72,20 @@ def compile(
     if link_bandwidth is not None:
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
+    if schedule is not None:
+        overrides = schedule_quotas(plan, _stage_devices(stages), schedule) | overrides
     plan = plan_registers(plan, quota, overrides)
     plan = assign_priorities(plan, compute_first=priority)
     return check(attrs.evolve(plan, overlap=overlap))
+
+
+def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[str]]:
+    if not stages:
+        raise CompileError("a schedule needs stages: one device, or a list of devices, per stage")
+    try:
+        return [[parse_device(d) for d in ([s] if isinstance(s, str) else s)] for s in stages]
+    except (TypeError, ValueError) as e:
+        raise CompileError(f"stages: {e}") from None
 
 
 __all__ = ["compile", "check", "expand"]

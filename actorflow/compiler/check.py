@@ -26,6 +26,12 @@ def check(plan: Plan) -> Plan:
     for coll in plan.collectives:
         if len({plan.actors[a].stream for a in coll.actors}) != 1:
             raise CompileError(f"the participants of {coll.name!r} are on different streams")
+    rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
+    if len(rates) > 1:
+        raise CompileError(
+            "the collective stream runs its collectives in one fixed order, so they must all act "
+            f"once per step or all once per micro-batch; {sorted(rates.values())} don't"
+        )
 
     unit = unit_of(plan)
     edges = {u: {(v, "data") for v in vs} for u, vs in data_edges(plan).items()}

@@ -45,6 +45,7 @@ def expand(graph: Graph) -> Plan:
             outputs=tuple(new_register(len(actors), node, k) for k in outs),
             group=group,
             where=node.where,
+            backward=node.backward,
         )
         actors.append(actor)
         return actor.id

@@ -3,7 +3,7 @@ a few large ones, the way PyTorch DDP buckets gradients.
 
 Candidates are the sum and mean all-reduces whose participants each read one tensor and
 write one. They are grouped by (op, the ordered participant devices, input and output
-dtype) and, within a group, taken in gradient-ready order (their place in the topological
+dtype, rate: see ``Actor.every``) and, within a group, taken in gradient-ready order (their place in the topological
 order) and bucketed greedily, counting one participant's input bytes: the first bucket of
 a group closes once it holds ``first_bucket_bytes``; any bucket closes before the next
 tensor would take it past ``bucket_cap_bytes``, so a tensor larger than the cap gets a
@@ -65,7 +65,7 @@ def _key(plan: Plan, coll: Collective) -> tuple | None:
     source, result = plan.registers[first.inputs[0].register], plan.registers[first.outputs[0]]
     if result.control:
         return None
-    return (op, tuple(p.device for p in participants), source.dtype, result.dtype)
+    return (op, tuple(p.device for p in participants), source.dtype, result.dtype, first.every)
 
 
 def _nbytes(plan: Plan, coll: Collective) -> int:
@@ -243,6 +243,8 @@ def _fuse(plan: Plan, buckets: list[list[Collective]]) -> Plan:
                 outputs=(*outs, flat.id),
                 group=group_of[aid],
                 where=head.where,
+                every=head.every,
+                backward=head.backward,
             )
 
     actors: list[Actor] = []

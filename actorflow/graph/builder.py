@@ -102,6 +102,7 @@ def add_node(
         attrs=dict(attrs or {}),
         outputs=metas,
         where=user_line(),
+        backward=graph.building_backward,
     )
     graph.nodes.append(node)
     return [Tensor(graph, node.id, k, meta) for k, meta in enumerate(metas)]

@@ -30,6 +30,7 @@ class Node:
     attrs: dict[str, Any]
     outputs: tuple[TensorMeta, ...]
     where: str
+    backward: bool = False
 
 
 @attrs.frozen(eq=False)
@@ -73,6 +74,7 @@ class Graph:
         self.logical: list[LogicalTensor] = []
         self._names: set[str] = set()
         self._tokens: list = []
+        self.building_backward = False
 
     def __enter__(self) -> Graph:
         self._tokens.append(_current.set(self))

@@ -5,6 +5,11 @@ Per input: a queue of ready registers (buffer index and the event to wait on). P
 output: a pool of free buffers (the credits) and, for buffers in use, how many consumers
 have yet to free them. An actor may act when every input has a ready register, every
 output has a credit, and it still has acts to do this run.
+
+Where rates differ (micro-batching, see ``plan.Actor.every``), an input may be *held*:
+a register taken at act n serves acts n .. n + hold - 1 and is released after the last;
+and an output may be *published every* p acts: the buffer taken at act n is written by
+acts n .. n + p - 1 and handed to consumers after the last.
 """
 
 from __future__ import annotations
@@ -15,9 +20,19 @@ from typing import Any
 
 
 class ActorState:
-    __slots__ = ("ready", "free", "pending", "consumers", "quotas", "acts_left", "iteration", "max_held")
+    __slots__ = (
+        "ready", "free", "pending", "consumers", "quotas", "acts_left", "iteration", "max_held",
+        "holds", "periods", "uniform", "current_in", "current_out",
+    )
 
-    def __init__(self, n_inputs: int, quotas: Sequence[int], consumers: Sequence[int]) -> None:
+    def __init__(
+        self,
+        n_inputs: int,
+        quotas: Sequence[int],
+        consumers: Sequence[int],
+        holds: Sequence[int] | None = None,
+        periods: Sequence[int] | None = None,
+    ) -> None:
         self.ready: list[deque[tuple[int, Any]]] = [deque() for _ in range(n_inputs)]
         self.free: list[deque[int]] = [deque(range(q)) for q in quotas]
         self.pending: list[list[int]] = [[0] * q for q in quotas]
@@ -26,12 +41,25 @@ class ActorState:
         self.acts_left = 0
         self.iteration = 0
         self.max_held = [0] * len(quotas)
+        self.holds = list(holds or [1] * n_inputs)
+        self.periods = list(periods or [1] * len(quotas))
+        self.uniform = all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
+        self.current_in: list[tuple[int, Any] | None] = [None] * n_inputs
+        self.current_out = [0] * len(quotas)
 
     def can_act(self) -> bool:
-        return self.acts_left > 0 and all(self.ready) and all(self.free)
+        if self.acts_left <= 0:
+            return False
+        if self.uniform:
+            return all(self.ready) and all(self.free)
+        n = self.iteration
+        return all(q or n % h for q, h in zip(self.ready, self.holds)) and all(
+            pool or n % p for pool, p in zip(self.free, self.periods)
+        )
 
     def take(self) -> tuple[int, list[tuple[int, Any]], list[int]]:
-        """Consume one ready register per input and one credit per output.
+        """Consume one ready register per input and one credit per output (or keep using
+        the held ones, see the module's docstring).
 
         Returns (iteration, [(buffer, event) per input], [buffer per output]). An output
         nobody consumes gets its credit back at once: the next write to it comes later on
@@ -40,9 +68,18 @@ class ActorState:
         iteration = self.iteration
         self.iteration += 1
         self.acts_left -= 1
-        ins = [q.popleft() for q in self.ready]
+        if self.uniform:
+            ins = [q.popleft() for q in self.ready]
+        else:
+            for k, q in enumerate(self.ready):
+                if iteration % self.holds[k] == 0:
+                    self.current_in[k] = q.popleft()
+            ins = list(self.current_in)
         outs = []
         for k, pool in enumerate(self.free):
+            if iteration % self.periods[k]:
+                outs.append(self.current_out[k])
+                continue
             index = pool.popleft()
             held = self.quotas[k] - len(pool)
             if held > self.max_held[k]:
@@ -51,8 +88,17 @@ class ActorState:
                 self.pending[k][index] = self.consumers[k]
             else:
                 pool.append(index)
+            self.current_out[k] = index
             outs.append(index)
         return iteration, ins, outs
+
+    def releases(self, slot: int, iteration: int) -> bool:
+        """Whether act ``iteration`` is the last to use the register of input ``slot``."""
+        return iteration % self.holds[slot] == self.holds[slot] - 1
+
+    def publishes(self, out: int, iteration: int) -> bool:
+        """Whether act ``iteration`` hands output ``out``'s buffer to its consumers."""
+        return iteration % self.periods[out] == self.periods[out] - 1
 
     def on_ready(self, slot: int, index: int, event: Any) -> None:
         self.ready[slot].append((index, event))
@@ -70,6 +116,7 @@ class ActorState:
 
     def lacking(self) -> tuple[list[int], list[int]]:
         """(inputs with nothing ready, outputs with no credit): what keeps it from acting."""
-        inputs = [k for k, q in enumerate(self.ready) if not q]
-        outputs = [k for k, pool in enumerate(self.free) if not pool]
+        n = self.iteration
+        inputs = [k for k, q in enumerate(self.ready) if not q and n % self.holds[k] == 0]
+        outputs = [k for k, pool in enumerate(self.free) if not pool and n % self.periods[k] == 0]
         return inputs, outputs

@@ -55,16 +55,21 @@ class OutputSpec:
 
 
 class Member:
-    """One actor inside a unit: its state and how its inputs and outputs are wired."""
+    """One actor inside a unit: its state and how its inputs and outputs are wired.
 
-    __slots__ = ("actor", "state", "unit", "inputs", "outputs")
+    ``phases``: for an actor that publishes its data output every p > 1 acts (an
+    ``accumulate``), p; its kernel gets the act's phase, 0 .. p - 1, as its last input.
+    """
 
-    def __init__(self, actor: Any, state: ActorState) -> None:
+    __slots__ = ("actor", "state", "unit", "inputs", "outputs", "phases")
+
+    def __init__(self, actor: Any, state: ActorState, phases: int = 1) -> None:
         self.actor = actor
         self.state = state
         self.unit: Unit | None = None
         self.inputs: list[InputSpec] = []
         self.outputs: list[OutputSpec] = []
+        self.phases = phases
 
 
 class Unit:
@@ -181,7 +186,8 @@ class Driver:
         taken = []
         iteration = 0
         for m in unit.members:
-            iteration, ready, buffers = m.state.take()
+            state = m.state
+            iteration, ready, buffers = state.take()
             taken.append(buffers)
             for spec in m.inputs:
                 if spec.param is not None:
@@ -192,6 +198,8 @@ class Driver:
                     ins.append(spec.buffers[index])
                 if spec.event:
                     waits.append(event)
+                if not state.uniform and not state.releases(spec.slot, iteration):
+                    continue
                 if spec.same_stream:
                     self._send_free(spec.producer, spec.out, index)
                 else:
@@ -199,6 +207,8 @@ class Driver:
             for spec, index in zip(m.outputs, buffers):
                 if not spec.control:
                     outs.append(spec.buffers[index])
+            if m.phases > 1:
+                ins.append(iteration % m.phases)
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         for stream in unit.fences:
@@ -215,7 +225,9 @@ class Driver:
         for stream in unit.fences:
             stream.submit(_fence, [], [], [event], None, False)
         for m, buffers in zip(unit.members, taken):
-            for spec, index in zip(m.outputs, buffers):
+            for k, (spec, index) in enumerate(zip(m.outputs, buffers)):
+                if not m.state.uniform and not m.state.publishes(k, iteration):
+                    continue
                 for consumer, slot, early in spec.consumers:
                     if early:
                         self._send_ready(consumer, slot, index, event)

@@ -112,12 +112,16 @@ class Runtime:
             for a in plan.actors
         }
         for actor in plan.actors:
+            periods = [_period(plan, actor, o) for o in actor.outputs]
             state = ActorState(
                 len(self._protocol[actor.id]),
                 [plan.registers[o].quota for o in actor.outputs],
                 [len(plan.registers[o].consumers) for o in actor.outputs],
+                holds=[_hold(plan, actor, actor.inputs[k]) for k in self._protocol[actor.id]],
+                periods=periods,
             )
-            self._members[actor.id] = Member(actor, state)
+            phases = max([p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1)
+            self._members[actor.id] = Member(actor, state, phases)
         for actor in plan.actors:
             self._wire(self._members[actor.id])
 
@@ -212,16 +216,23 @@ class Runtime:
                 return {} if single else [{} for _ in arrays]
             if not arrays:
                 return []
+            m = self.plan.micro_batches
+            if len(arrays) % m:
+                raise FeedError(
+                    f"this plan takes whole steps of {m} micro-batches (one feed dict each); got {len(arrays)} feed dicts"
+                )
             self._base = self._iterations
             self._iterations += len(arrays)
             for k, f in enumerate(arrays):
                 self._feeds[self._base + k] = f
             self._results = [{} for _ in arrays]
-            self._remaining = len(arrays) * len(self.plan.actors)
+            self._remaining = 0
             self._done = trio.Event()
             self._running = True
             for member in self._members.values():
-                member.state.acts_left += len(arrays)
+                acts = len(arrays) // member.actor.every
+                member.state.acts_left += acts
+                self._remaining += acts
             for driver in self._drivers:
                 driver.post((KICK,))
             try:
@@ -239,13 +250,19 @@ class Runtime:
         return self._feeds[iteration][name]
 
     def completed(self, unit: Unit, iteration: int, result: Any, start: float, end: float) -> None:
+        """``iteration``: the unit's own act number; an actor acting once per step of m
+        micro-batches (``every`` m) does act n for micro-batches n*m .. n*m + m - 1."""
         self.progress += 1
+        every = unit.members[0].actor.every
         if unit.fetch is not None:
-            self._results[iteration - self._base][unit.fetch] = result
+            self._results[(iteration + 1) * every - 1 - self._base][unit.fetch] = result
         if self.recorder.enabled:
             actor = unit.members[0].actor
             stream = self.plan.streams[actor.stream]
-            args = {"actor": unit.name, "op": actor.op, "iteration": iteration}
+            m = self.plan.micro_batches
+            args = {"actor": unit.name, "op": actor.op, "iteration": iteration * every // m, "act": iteration}
+            if m > 1 and every == 1:
+                args["micro_batch"] = iteration % m
             self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
         self._remaining -= len(unit.members)
         if self._remaining == 0:
@@ -393,6 +410,18 @@ class Runtime:
                 )
             arrays[name] = array
         return arrays
+
+
+def _hold(plan: Plan, actor, i) -> int:
+    """How many of ``actor``'s acts one register of input ``i`` serves (a repeat's > 1)."""
+    producer = plan.actors[plan.registers[i.register].producer]
+    return max(1, producer.every // actor.every)
+
+
+def _period(plan: Plan, actor, register: int) -> int:
+    """Every how many acts ``actor`` hands output ``register`` on (an accumulate's > 1)."""
+    every = max((plan.actors[c.actor].every for c in plan.registers[register].consumers), default=1)
+    return max(1, every // actor.every)
 
 
 def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:

@@ -1,0 +1,90 @@
+"""micro-batches: with m > 1, a step feeds m micro-batches. Feeds, the forward and the
+backward pass act once per micro-batch; variables and updates act once per step, and so
+do the collectives whose consumers all act once per step (a gradient's all-reduce runs
+on the accumulated gradient, once), and whatever reads only once-per-step values.
+
+Where a once-per-step register feeds once-per-micro-batch consumers, a ``repeat`` actor
+hands it to each micro-batch of the step (it keeps the register for m acts and copies it
+out at each). Where a once-per-micro-batch register feeds once-per-step consumers, an
+``accumulate`` actor sums it over the step's micro-batches, divided by m, and publishes
+it once. Rates are recorded as ``Actor.every``; the runtime derives the rest.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..errors import CompileError
+from ..ops.kernels import copy
+from ..ops.micro_batch import accumulate
+from ..plan import Actor, Consumer, Input, Plan, Register
+from .topology import unit_of
+
+
+def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
+    if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
+        raise CompileError(f"micro_batches: an int >= 1, got {micro_batches!r}")
+    if micro_batches == 1:
+        return plan
+    per_step = _per_step(plan)
+    actors = [attrs.evolve(a, every=micro_batches) if a.id in per_step else a for a in plan.actors]
+    registers = list(plan.registers)
+    for reg in plan.registers:
+        if reg.is_parameter:
+            continue
+        producer_per_step = reg.producer in per_step
+        crossing = [c for c in reg.consumers if (c.actor in per_step) != producer_per_step]
+        if not crossing:
+            continue
+        op = "repeat" if producer_per_step else "accumulate"
+        bridge = Actor(
+            id=len(actors),
+            name=f"{reg.name}.{op}",
+            kind="compute",
+            op=op,
+            kernel=copy if producer_per_step else accumulate,
+            attrs={} if producer_per_step else {"micro_batches": micro_batches},
+            device=reg.device,
+            inputs=(Input(reg.id),),
+            outputs=(len(registers),),
+            where=actors[reg.producer].where,
+            backward=not producer_per_step,
+        )
+        actors.append(bridge)
+        registers.append(
+            Register(len(registers), bridge.name, bridge.id, reg.device, reg.shape, reg.dtype, tuple(crossing))
+        )
+        for c in crossing:
+            inputs = list(actors[c.actor].inputs)
+            inputs[c.slot] = attrs.evolve(inputs[c.slot], register=bridge.outputs[0])
+            actors[c.actor] = attrs.evolve(actors[c.actor], inputs=tuple(inputs))
+        kept = tuple(c for c in reg.consumers if c not in crossing) + (Consumer(bridge.id, 0),)
+        registers[reg.id] = attrs.evolve(reg, consumers=kept)
+    return attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers), micro_batches=micro_batches)
+
+
+def _per_step(plan: Plan) -> set[int]:
+    """Actors that act once per step: variables and updates; collectives all of whose
+    consumers do; actors all of whose inputs come from ones that do."""
+    unit = unit_of(plan)
+    members: dict[int, list[int]] = {}
+    for a in plan.actors:
+        members.setdefault(unit[a.id], []).append(a.id)
+    per_step = {a.id for a in plan.actors if a.kind in ("variable", "update")}
+    changed = True
+    while changed:
+        changed = False
+        for u, ids in members.items():
+            if ids[0] in per_step:
+                continue
+            actors = [plan.actors[i] for i in ids]
+            producers = [plan.registers[i.register].producer for a in actors for i in a.inputs]
+            producers = [p for p in producers if p >= 0]
+            consumers = [c.actor for a in actors for o in a.outputs for c in plan.registers[o].consumers]
+            downstream = actors[0].kind == "collective" and consumers and all(c in per_step for c in consumers)
+            upstream = producers and all(p in per_step for p in producers)
+            if downstream or upstream:
+                per_step.update(ids)
+                changed = True
+    return per_step
+
