@@ -11,7 +11,8 @@ Signatures (S = split, B = broadcast, P = partial sum):
   bias's axis); softmax along an axis other than the split one keeps S;
 - sum and mean over the split axis: S -> P (a mean scaled by 1/n); over other axes S
   stays S; P stays P; max boxes P and split-axis S to B;
-- losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n).
+- losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n);
+- to_device onto as many devices: part k goes to the k-th, the SBP stays.
 """
 
 from __future__ import annotations
@@ -219,6 +220,21 @@ def _batch_loss(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     return _run(op, (box(a, B), box(b, B)), kwargs, B)
 
 
+def _to_device(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x, device = args
+    devices = [device] if isinstance(device, str) else list(device)
+    if len(devices) != len(x.locals):
+        raise GraphError(
+            f"to_device: a tensor on {len(x.locals)} devices moves to a list of {len(x.locals)} "
+            f"devices (part k to the k-th), got {device!r}"
+        )
+    parts = []
+    for part, d in zip(x.locals, devices):
+        name = kwargs.get("name")
+        parts.append(op(part, d, name=None if name is None else f"{name}[{d}]"))
+    return GlobalTensor(x.shape, x.sbp, tuple(parts))
+
+
 _RULES: dict[str, Rule] = {
     **{name: _pointwise for name in ("relu", "gelu", "tanh", "exp", "log")},
     **{name: _binary for name in ("add", "sub", "mul", "div")},
@@ -230,4 +246,5 @@ _RULES: dict[str, Rule] = {
     "reduce_max": _reduce,
     "mse_loss": _batch_loss,
     "softmax_cross_entropy": _batch_loss,
+    "to_device": _to_device,
 }
