@@ -1,0 +1,62 @@
+"""The MLP a config describes, as one micro-batch's graph: layers split over the
+pipeline's stages, each stage replicated over its data-parallel devices (batch S(0),
+parameters B), activations copied from stage to stage, a cross-entropy loss and the
+optimizer's updates."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ops, optim
+from ..config import Config, OptimizerConfig
+from ..graph.ir import Graph
+from ..parallel import B, S, minimize, output, parameter, placeholder
+
+ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh, "gelu": ops.gelu}
+
+
+def initial_parameters(config: Config) -> dict[str, np.ndarray]:
+    """w{k} ~ N(0, 1/fan_in) and b{k} = 0 for each layer k, from data.seed."""
+    rng = np.random.default_rng(config.data.seed + 1)
+    sizes, dtype = config.model.sizes, config.model.dtype
+    values = {}
+    for k, (a, b) in enumerate(zip(sizes, sizes[1:])):
+        values[f"w{k}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype)
+        values[f"b{k}"] = np.zeros(b, dtype)
+    return values
+
+
+def optimizer(spec: OptimizerConfig) -> optim.SGD | optim.Adam:
+    if spec.kind == "adam":
+        return optim.Adam(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
+    return optim.SGD(lr=spec.lr, momentum=spec.momentum)
+
+
+def build_graph(config: Config) -> Graph:
+    """Feeds ``x`` (micro-batch, features) and ``labels`` (micro-batch,); outputs ``loss``."""
+    stages = [_placement(config, stage) for stage in config.parallel.stages]
+    sbp = S(0) if config.parallel.data_parallel > 1 else None
+    params = initial_parameters(config)
+    activation = ACTIVATIONS[config.model.activation]
+    rows, dtype = config.micro_batch_size, config.model.dtype
+    with Graph() as graph:
+        h = placeholder("x", (rows, config.features), dtype, stages[0], sbp)
+        labels = placeholder("labels", (rows,), "int64", stages[-1], sbp)
+        layer = 0
+        for stage, count in zip(stages, config.stage_layers):
+            h = ops.to_device(h, stage)
+            for _ in range(count):
+                w = parameter(f"w{layer}", params[f"w{layer}"], stage, B if sbp else None)
+                b = parameter(f"b{layer}", params[f"b{layer}"], stage, B if sbp else None)
+                h = ops.bias_add(ops.matmul(h, w), b)
+                if layer < config.layers - 1:
+                    h = activation(h)
+                layer += 1
+        loss = ops.softmax_cross_entropy(h, labels)
+        minimize(loss, optimizer(config.train.optimizer))
+        output("loss", loss)
+    return graph
+
+
+def _placement(config: Config, stage: tuple[str, ...]) -> str | list[str]:
+    return list(stage) if config.parallel.data_parallel > 1 else stage[0]

@@ -1,0 +1,58 @@
+"""A run's results for people (a table) and for programs (JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import Config
+from .runner import RunResult
+
+
+def table(config: Config, result: RunResult) -> str:
+    parallel = config.parallel
+    lines = [
+        f"{config.train.steps} steps of {config.train.batch_size} samples in {result.seconds:.2f} s: "
+        f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
+        f"pipeline: {len(parallel.stages)} stages x {parallel.data_parallel} replicas, "
+        f"{parallel.micro_batches} micro-batches, {parallel.schedule}",
+        "",
+    ]
+    rows = [("stage", "devices", "layers", "bubble", "theory (p-1)/(m+p-1)", "peak activations", "quota")]
+    p = len(parallel.stages)
+    for s, devices in enumerate(parallel.stages):
+        quota = parallel.micro_batches if parallel.schedule == "gpipe" else p - s
+        rows.append((
+            str(s),
+            ", ".join(devices),
+            str(config.stage_layers[s]),
+            f"{result.bubbles[s]:.3f}",
+            f"{result.theory:.3f}",
+            str(result.peak_activations[s]),
+            str(quota),
+        ))
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += ["", "planned memory per device:"]
+    lines += [f"  {device}: {nbytes / 2**20:.2f} MiB" for device, nbytes in sorted(result.memory.items())]
+    return "\n".join(lines)
+
+
+def metrics(config: Config, result: RunResult) -> dict[str, Any]:
+    return {
+        "config": config.to_dict(),
+        "steps": config.train.steps,
+        "seconds": result.seconds,
+        "samples_per_second": result.samples_per_second,
+        "losses": result.losses,
+        "stages": [
+            {
+                "devices": list(devices),
+                "layers": config.stage_layers[s],
+                "bubble": result.bubbles[s],
+                "bubble_theory": result.theory,
+                "peak_activations": result.peak_activations[s],
+            }
+            for s, devices in enumerate(config.parallel.stages)
+        ],
+        "memory": result.memory,
+    }
