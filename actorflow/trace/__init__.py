@@ -1,5 +1,22 @@
-"""Recording what ran where and when, and exporting it for people to look at."""
+"""Recording what ran where and when, exporting it (Chrome/Perfetto JSON), measuring it
+(busy, overlap, bubble, critical path) and plotting it. Sits below the runtime: it knows
+plain names and numbers, never Plans."""
 
-from .recorder import Recorder, Span
+from .metrics import CriticalPath, StageBubble, StreamStat, TraceSummary, summarize
+from .parse import load
+from .plot import plot_timeline
+from .recorder import WAIT, Recorder, Span, parse_iterations
 
-__all__ = ["Recorder", "Span"]
+__all__ = [
+    "WAIT",
+    "CriticalPath",
+    "Recorder",
+    "Span",
+    "StageBubble",
+    "StreamStat",
+    "TraceSummary",
+    "load",
+    "parse_iterations",
+    "plot_timeline",
+    "summarize",
+]

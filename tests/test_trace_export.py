@@ -1,0 +1,279 @@
+"""Chrome trace export: tracks, complete events, flows and the iteration filter, on
+recorders filled by hand and on real runs."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from itertools import pairwise
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.runtime import Runtime
+from actorflow.trace import WAIT, Recorder, parse_iterations
+from actorflow.trace.parse import parse
+
+MS = 1e-3
+
+
+def check_structure(trace: dict) -> None:
+    """What any exported trace must satisfy to open well in Perfetto."""
+    events = trace["traceEvents"]
+    processes = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    complete = [e for e in events if e["ph"] == "X"]
+    for e in complete:
+        for key in ("name", "ts", "dur", "pid", "tid"):
+            assert key in e, (key, e)
+        assert e["dur"] >= 0
+        assert "inputs" not in e.get("args", {})
+    used = {(e["pid"], e["tid"]) for e in events if e["ph"] in ("X", "s", "f")}
+    assert used <= threads
+    assert {pid for pid, _ in used} <= processes
+    # every flow start has its finish and vice versa, each bound inside a slice of its track
+    starts = Counter(e["id"] for e in events if e["ph"] == "s")
+    finishes = Counter(e["id"] for e in events if e["ph"] == "f")
+    assert starts == finishes
+    assert all(n == 1 for n in starts.values())
+    by_track: dict[tuple[int, int], list[dict]] = {}
+    for e in complete:
+        by_track.setdefault((e["pid"], e["tid"]), []).append(e)
+    for e in events:
+        if e["ph"] in ("s", "f"):
+            assert e["ph"] == "s" or e["bp"] == "e"
+            assert any(x["ts"] <= e["ts"] <= x["ts"] + x["dur"] for x in by_track[(e["pid"], e["tid"])])
+    # one stream runs one thing at a time
+    for track in by_track.values():
+        track.sort(key=lambda e: e["ts"])
+        for a, b in pairwise(track):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-6, (a, b)
+
+
+def names(trace: dict, kind: str) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == kind}
+
+
+def threads(trace: dict) -> dict[tuple[int, int], str]:
+    return {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in trace["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+
+
+def complete(trace: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in trace["traceEvents"] if e["ph"] == "X"}
+
+
+def flows(trace: dict) -> set[tuple[str, str]]:
+    """(producer name, consumer name) of each flow, through the slices the flow events bind to."""
+    trace_ = parse(trace)
+    return {(trace_.spans[p].name, trace_.spans[c].name) for p, c in trace_.flows}
+
+
+def kernel(rec: Recorder, device: str, stream: str, name: str, start_ms: float, end_ms: float, **args) -> None:
+    kind = "collective" if stream == "collective" else stream
+    thread = "rank0/collective" if stream == "collective" else f"{device}/{stream}"
+    process = "rank0" if stream == "collective" else device
+    rec.add(process, thread, name, kind, start_ms * MS, end_ms * MS, {"actor": name, "op": "relu", **args})
+
+
+def pipeline_recorder(**kw) -> Recorder:
+    """a (cpu:0 compute) -> b (cpu:0 copy) -> c (cpu:1 compute) -> ar (collective) -> d (cpu:1
+    compute, same track as c), over iterations 0..2, each act reading its own iteration's
+    producers; a wait before c on cpu:1/compute."""
+    rec = Recorder(enabled=True, **kw)
+    for it in range(3):
+        t = 10.0 * it
+        kernel(rec, "cpu:0", "compute", f"a{it}", t + 0, t + 1, iteration=it, act=it)
+        kernel(rec, "cpu:0", "copy", f"b{it}", t + 1, t + 2, iteration=it, act=it, inputs=[[f"a{it}", it]])
+        rec.add("cpu:1", "cpu:1/compute", f"wait b{it}", WAIT, (t + 1.5) * MS, (t + 2.0) * MS, {"iteration": it})
+        kernel(rec, "cpu:1", "compute", f"c{it}", t + 2, t + 3, iteration=it, act=it, inputs=[[f"b{it}", it]])
+        kernel(rec, "cpu:1", "collective", f"ar{it}", t + 3, t + 4, iteration=it, act=it, inputs=[[f"c{it}", it]])
+        kernel(rec, "cpu:1", "compute", f"d{it}", t + 4, t + 5, iteration=it, act=it,
+               inputs=[[f"ar{it}", it], [f"c{it}", it]])
+    return rec
+
+
+def test_tracks_per_device_and_collective_stream():
+    trace = pipeline_recorder().to_chrome()
+    check_structure(trace)
+    assert list(names(trace, "process_name").values()) == ["cpu:0", "cpu:1", "rank0"]
+    assert sorted(threads(trace).values()) == [
+        "cpu:0/compute", "cpu:0/copy", "cpu:1/compute", "rank0/collective"
+    ]
+    process = names(trace, "process_name")
+    collective = next(e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "collective")
+    assert process[collective["pid"]] == "rank0"  # its own process track, beside the devices'
+
+
+def test_processes_sort_naturally_devices_first():
+    rec = Recorder(enabled=True)
+    for device in ("rank0", "cpu:10", "cpu:2"):
+        rec.add(device, f"{device}/compute", "k", "compute", 0.0, 1.0, {})
+    assert list(names(rec.to_chrome(), "process_name").values()) == ["cpu:2", "cpu:10", "rank0"]
+
+
+def test_complete_events_in_microseconds_from_the_first_span_with_their_args():
+    trace = pipeline_recorder().to_chrome()
+    events = complete(trace)
+    assert events["a0"]["ts"] == 0 and events["a0"]["dur"] == pytest.approx(1000)
+    assert events["c1"]["ts"] == pytest.approx(12000) and events["c1"]["dur"] == pytest.approx(1000)
+    assert events["d2"]["args"] == {"actor": "d2", "op": "relu", "iteration": 2, "act": 2}
+    assert events["c0"]["cat"] == "compute" and events["ar0"]["cat"] == "collective"
+
+
+def test_wait_spans_sit_on_the_waiting_stream():
+    trace = pipeline_recorder().to_chrome()
+    wait = complete(trace)["wait b0"]
+    c0 = complete(trace)["c0"]
+    assert wait["cat"] == WAIT
+    assert (wait["pid"], wait["tid"]) == (c0["pid"], c0["tid"])
+    assert wait["ts"] + wait["dur"] == pytest.approx(c0["ts"])
+
+
+def test_flows_cross_tracks_only():
+    trace = pipeline_recorder().to_chrome()
+    check_structure(trace)
+    expected = set()
+    for it in range(3):
+        # c -> d is same-track: stream order already says it, no arrow
+        expected |= {(f"a{it}", f"b{it}"), (f"b{it}", f"c{it}"), (f"c{it}", f"ar{it}"), (f"ar{it}", f"d{it}")}
+    assert flows(trace) == expected
+    ids = [e["id"] for e in trace["traceEvents"] if e["ph"] == "s"]
+    assert len(ids) == len(set(ids)) == 12
+
+
+def test_one_producer_many_consumers_and_one_consumer_many_producers():
+    rec = Recorder(enabled=True)
+    kernel(rec, "cpu:0", "compute", "p", 0, 1, act=0)
+    kernel(rec, "cpu:1", "compute", "q", 0, 1, act=0)
+    kernel(rec, "cpu:0", "copy", "c1", 1, 2, act=0, inputs=[["p", 0]])
+    kernel(rec, "cpu:1", "copy", "c2", 1, 2, act=0, inputs=[["p", 0], ["q", 0], ["q", 0]])
+    trace = rec.to_chrome()
+    check_structure(trace)
+    assert flows(trace) == {("p", "c1"), ("p", "c2"), ("q", "c2")}
+    assert sum(e["ph"] == "s" for e in trace["traceEvents"]) == 3  # the repeated input once
+
+
+def test_unrecorded_or_unknown_producers_leave_no_half_flow():
+    rec = Recorder(enabled=True)
+    kernel(rec, "cpu:0", "compute", "p", 0, 1, act=0)
+    kernel(rec, "cpu:1", "compute", "c", 1, 2, act=0, inputs=[["p", 1], ["ghost", 0], ["p", 0]])
+    trace = rec.to_chrome()
+    check_structure(trace)
+    assert flows(trace) == {("p", "c")}
+
+
+def test_waits_take_no_part_in_flows_even_with_actor_and_act():
+    rec = Recorder(enabled=True)
+    kernel(rec, "cpu:0", "compute", "p", 0, 1, act=0)
+    rec.add("cpu:1", "cpu:1/compute", "wait p", WAIT, 0, 1 * MS, {"actor": "c", "act": 0, "inputs": [["p", 0]]})
+    kernel(rec, "cpu:1", "compute", "c", 1, 2, act=0, inputs=[["p", 0]])
+    kernel(rec, "cpu:0", "copy", "d", 2, 3, act=0, inputs=[["c", 0]])
+    trace = rec.to_chrome()
+    check_structure(trace)
+    assert flows(trace) == {("p", "c"), ("c", "d")}
+
+
+def test_spans_without_flow_fields_export_plainly():
+    rec = Recorder(enabled=True)
+    rec.add("cpu:0", "cpu:0/compute", "k", "compute", 1.0, 1.5, {"actor": "k", "op": "relu", "iteration": 0})
+    rec.add("cpu:1", "cpu:1/compute", "m", "compute", 1.5, 2.0, {})
+    trace = rec.to_chrome()
+    check_structure(trace)
+    assert not [e for e in trace["traceEvents"] if e["ph"] in ("s", "f")]
+    assert complete(trace)["m"]["ts"] == pytest.approx(500000)
+
+
+def test_empty_recorder_exports_an_empty_trace():
+    trace = Recorder(enabled=True).to_chrome()
+    assert trace["traceEvents"] == []
+    check_structure(trace)
+
+
+def test_iteration_filter_keeps_selected_iterations_and_no_dangling_flows():
+    rec = pipeline_recorder(iterations={1})
+    # an act of iteration 1 that reads a register written in iteration 0 (which is dropped)
+    kernel(rec, "cpu:0", "copy", "late", 15, 16, iteration=1, act=3, inputs=[["a0", 0], ["a1", 1]])
+    # spans without an iteration are kept
+    rec.add("cpu:0", "cpu:0/compute", "setup", "compute", 30 * MS, 31 * MS, {})
+    trace = rec.to_chrome()
+    check_structure(trace)
+    kept = complete(trace)
+    assert {e["args"].get("iteration") for e in kept.values()} == {1, None}
+    assert set(kept) == {"a1", "b1", "wait b1", "c1", "ar1", "d1", "late", "setup"}
+    assert ("a1", "late") in flows(trace) and ("a0", "late") not in flows(trace)
+    assert kept["a1"]["ts"] == 0  # time counts from the first recorded span
+
+
+def test_iteration_filter_takes_any_collection_and_parse_iterations():
+    assert Recorder(True, iterations=range(2, 4)).iterations == {2, 3}
+    assert Recorder(True).iterations is None
+    assert parse_iterations("0, 3,5-7") == {0, 3, 5, 6, 7}
+    assert parse_iterations("4") == {4}
+    for bad in ("", "a", "3-1", "1,,2", "-2"):
+        with pytest.raises(ValueError, match="0,3,5-7"):
+            parse_iterations(bad)
+
+
+def test_write_is_compact_json_of_to_chrome(tmp_path):
+    rec = pipeline_recorder()
+    path = tmp_path / "t.json"
+    rec.write(path)
+    text = path.read_text()
+    assert json.loads(text) == json.loads(json.dumps(rec.to_chrome()))
+    assert ", " not in text
+
+
+def test_write_turns_numpy_scalars_in_args_into_numbers(tmp_path):
+    rec = Recorder(enabled=True)
+    rec.add("cpu:0", "cpu:0/compute", "k", "compute", 0.0, 1.0, {"micro_batch": np.int64(3), "register": np.int32(1)})
+    rec.write(tmp_path / "t.json")
+    args = complete(json.loads((tmp_path / "t.json").read_text()))["k"]["args"]
+    assert args == {"micro_batch": 3, "register": 1}
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def two_device_plan() -> af.Plan:
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(8, 16), dtype="float32", device="cpu:0")
+        w = af.parameter("w", np.ones((16, 4), np.float32), device="cpu:0")
+        h = af.ops.relu(af.ops.matmul(x, w))
+        h1 = af.ops.to_device(h, "cpu:1")
+        r = af.ops.all_reduce([h, h1], op="sum")
+        af.output("y", af.ops.relu(r[1]))
+    return af.compile(g, quota=2)
+
+
+def feeds(n: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    return [{"x": rng.standard_normal((8, 16)).astype(np.float32)} for _ in range(n)]
+
+
+def test_a_real_run_exports_a_well_formed_trace(tmp_path):
+    path = tmp_path / "run.trace.json"
+    af.run(two_device_plan(), feeds(3), trace=path)
+    trace = json.loads(path.read_text())
+    check_structure(trace)
+    assert {"cpu:0", "cpu:1", "rank0"} <= set(names(trace, "process_name").values())
+    assert {"cpu:0/compute", "cpu:1/copy", "rank0/collective"} <= set(threads(trace).values())
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != WAIT]
+    assert {e["args"]["iteration"] for e in events} == {0, 1, 2}
+    assert all({"actor", "op"} <= set(e["args"]) for e in events)
+    assert any(e["cat"] == "collective" for e in events)
+
+
+async def test_a_real_run_records_only_the_selected_iterations():
+    async with Runtime(two_device_plan(), trace=True) as rt:
+        rt.recorder = Recorder(enabled=True, iterations={1})
+        await rt.run(feeds(3))
+    trace = rt.recorder.to_chrome()
+    check_structure(trace)
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert events
+    assert {e["args"].get("iteration") for e in events} == {1}

@@ -1,0 +1,121 @@
+"""Timeline PNGs from hand-built traces and a real run; the message when matplotlib is missing."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+
+import numpy as np
+import pytest
+
+import actorflow as af
+from actorflow.trace import WAIT, Recorder, plot_timeline
+from actorflow.trace.cli import add_commands, run
+from actorflow.trace.plot import COLORS, color_group
+
+image = pytest.importorskip("matplotlib.image")
+
+MS = 1e-3
+
+
+def hand_built() -> dict:
+    rec = Recorder(enabled=True)
+    rec.add("cpu:0", "cpu:0/compute", "mm", "compute", 0, 2 * MS, {"act": 0})
+    rec.add("cpu:0", "cpu:0/copy", "cp", "copy", 2 * MS, 3 * MS, {"act": 0, "inputs": [["mm", 0]]})
+    rec.add("cpu:1", "cpu:1/compute", "w", WAIT, 2 * MS, 3 * MS, {})
+    rec.add("cpu:1", "cpu:1/compute", "up", "update", 3 * MS, 4 * MS, {})
+    rec.add("rank0", "rank0/collective", "ar", "collective", 3 * MS, 5 * MS, {})
+    return rec.to_chrome()
+
+
+def check_png(path, width: int, height: int) -> None:
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    pixels = image.imread(path)
+    assert pixels.shape[:2] == (height, width)
+    colors = np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)
+    assert len(colors) > 1
+
+
+def test_hand_built_trace_renders_at_the_requested_size(tmp_path):
+    path = tmp_path / "t.png"
+    plot_timeline(hand_built(), path, width=900, height=333)
+    check_png(path, 900, 333)
+
+
+def test_default_height_grows_with_the_streams(tmp_path):
+    path = tmp_path / "t.png"
+    plot_timeline(hand_built(), path)
+    check_png(path, 1600, 200 + 40 * 4)
+
+
+def test_each_op_kind_gets_its_color(tmp_path):
+    path = tmp_path / "t.png"
+    plot_timeline(hand_built(), path, width=800, height=400)
+    pixels = (image.imread(path)[..., :3] * 255).round().astype(int)
+    seen = {tuple(c) for c in np.unique(pixels.reshape(-1, 3), axis=0)}
+    for group in ("compute", "copy", "collective", WAIT, "other"):
+        rgb = tuple(int(COLORS[group][i : i + 2], 16) for i in (1, 3, 5))
+        assert rgb in seen, group
+
+
+def test_color_groups():
+    assert [color_group(c) for c in ("compute", "feed", "fetch", "copy", "collective", WAIT, "update", "x")] == [
+        "compute", "copy", "copy", "copy", "collective", WAIT, "other", "other"
+    ]
+
+
+def test_an_empty_trace_still_renders(tmp_path):
+    path = tmp_path / "empty.png"
+    plot_timeline({"traceEvents": []}, path, width=400, height=300)
+    check_png(path, 400, 300)
+
+
+def test_a_real_run_renders(tmp_path):
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(8, 16), dtype="float32", device="cpu:0")
+        h = af.ops.relu(af.ops.matmul(x, af.parameter("w", np.ones((16, 4), np.float32), device="cpu:0")))
+        r = af.ops.all_reduce([h, af.ops.to_device(h, "cpu:1")], op="sum")
+        af.output("y", r[1])
+    trace = tmp_path / "run.trace.json"
+    af.run(af.compile(g), [{"x": np.ones((8, 16), np.float32)}] * 3, trace=trace)
+    png = tmp_path / "run.png"
+    code = run(parse_cli("trace", "plot", str(trace), "-o", str(png)))
+    assert code == 0
+    pixels = image.imread(png)
+    assert pixels.shape[1] == 1600 and pixels.shape[0] >= 200 + 40 * 3
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 1
+
+
+def parse_cli(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="actorflow")
+    add_commands(parser.add_subparsers(dest="command"))
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    real = builtins.__import__
+
+    def fake(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+
+
+def test_missing_matplotlib_says_what_to_install(tmp_path, no_matplotlib):
+    with pytest.raises(ImportError, match=r"needs matplotlib: pip install 'actorflow\[plot\]'"):
+        plot_timeline(hand_built(), tmp_path / "t.png")
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_the_plot_command_reports_missing_matplotlib(tmp_path, capsys, no_matplotlib):
+    trace = tmp_path / "t.json"
+    rec = Recorder(enabled=True)
+    rec.add("cpu:0", "cpu:0/compute", "k", "compute", 0, MS, {})
+    rec.write(trace)
+    code = run(parse_cli("trace", "plot", str(trace), "-o", str(tmp_path / "t.png")))
+    assert code == 1
+    assert "pip install 'actorflow[plot]'" in capsys.readouterr().err
