@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import ConfigError
+from .trace.cli import add_commands as add_trace_commands
 
 
 def _positive(text: str) -> int:
@@ -58,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
         "with their quotas and consumers, events, collective order, planned memory.",
     )
     _config_arguments(comp)
+    add_trace_commands(sub)
     return p
 
 
@@ -87,6 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"actorflow {args.command}: error: {err}", file=sys.stderr)
             return 2
         return _run(config, args) if args.command == "run" else _compile(config)
+    if args.command == "trace":
+        from .trace.cli import run as trace
+
+        return trace(args)
     parser().print_help()
     return 2
 
@@ -111,7 +117,7 @@ def _run(config, args) -> int:
     def on_step(step: int, loss: float) -> None:
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}")
-        if (step + 1) % config.train.log_every == 0:
+        if not args.quiet and (step + 1) % config.train.log_every == 0:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
     try:

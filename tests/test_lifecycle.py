@@ -101,7 +101,7 @@ def test_urgent_news_does_not_wait_behind_a_long_kernel():
         s.run([{"x": np.zeros(2)}] * 2)
         s.recorder.spans.clear()
         s.run([{"x": np.zeros(2)}] * 2)
-        spans = {(sp.args["actor"], sp.args["iteration"]): sp for sp in s.recorder.spans}
+        spans = {(sp.args["actor"], sp.args["iteration"]): sp for sp in s.recorder.kernels()}
     # trace iterations count across the session: this run's are 2 and 3. The second feed
     # needs the first feed's buffer back (quota 1), freed when "short" ends.
     assert spans[("x", 3)].start < spans[("long", 2)].end

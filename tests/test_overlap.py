@@ -24,7 +24,7 @@ def spans(plan: af.Plan, iterations: int = 3):
     feeds = {"x0": np.ones(4), "x1": np.full(4, 2.0)}
     with af.Session(plan, trace=True) as s:
         outs = s.run([feeds] * iterations)
-        recorded = list(s.recorder.spans)
+        recorded = s.recorder.kernels()
     for out in outs:
         np.testing.assert_array_equal(out["r0"], np.full(4, 3.0))
         np.testing.assert_array_equal(out["side_out"], np.ones(4))

@@ -78,7 +78,7 @@ def run_traced(plan: af.Plan, feeds: list[dict], *, stall_timeout: float = 20.0)
     with af.Session(plan, trace=True, stall_timeout=stall_timeout) as s:
         outs = s.run(live(plan, feeds))
         stats = s.register_stats()
-        spans = list(s.recorder.spans)
+        spans = s.recorder.kernels()
     return outs, stats, spans
 
 

@@ -103,7 +103,7 @@ def test_each_update_runs_after_every_read_of_its_iteration():
     plan = af.compile(two_layer_graph(af.optim.SGD(lr=0.1)), quota=3)
     with af.Session(plan, trace=True) as s:
         s.run([{"x": X}] * 5)
-        spans = {(sp.args["actor"], sp.args["iteration"]): sp for sp in s.recorder.spans}
+        spans = {(sp.args["actor"], sp.args["iteration"]): sp for sp in s.recorder.kernels()}
     for p in plan.parameters:
         reg = plan.registers[p.register]
         update = next(plan.actors[c.actor] for c in reg.consumers if plan.actors[c.actor].kind == "update")

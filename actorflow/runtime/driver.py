@@ -218,7 +218,7 @@ class Driver:
         # (trio) thread, never before this launch returns.
         later: list = []
         seq = self.executor.submit(
-            unit.kernel, ins, outs, waits, (unit, iteration, frees, later), unit.urgent
+            unit.kernel, ins, outs, waits, (unit, iteration, frees, later, taken), unit.urgent
         )
         self.runtime.progress += 1
         event = (self.executor, seq)
@@ -251,7 +251,7 @@ class Driver:
             driver.post((FREE, producer, out, index))
 
     def _complete(self, batch: list) -> None:
-        for (unit, iteration, frees, later), result, start, end, ok in batch:
+        for (unit, iteration, frees, later, taken), result, start, end, ok, waited in batch:
             if not ok:
                 self.runtime.fail_kernel(result, unit, iteration)
                 return
@@ -259,7 +259,7 @@ class Driver:
                 self._send_free(producer, out, index)
             for consumer, slot, index, event in later:
                 self._send_ready(consumer, slot, index, event)
-            self.runtime.completed(unit, iteration, result, start, end)
+            self.runtime.completed(unit, iteration, result, start, end, taken, waited)
 
 
 def _fence(ins: list, outs: list) -> None:

@@ -1,7 +1,8 @@
 """A stream: one dedicated OS thread running launched kernels in order, like a CUDA stream.
 
 Events are timeline points: "kernel number ``seq`` of stream S has finished". A kernel
-waits for its events on its own thread, never on the host.
+waits for its events on its own thread, never on the host; a completion says how long
+(start, end and the streams waited on, or None if they had all finished).
 
 Completions go back to trio in batches through ``run_sync_soon``. Each hand-over costs a
 GIL switch or two (tens of µs here), so a batch is posted when the thread is about to
@@ -91,13 +92,17 @@ class StreamExecutor:
             if item is _STOP or self._closed:
                 break
             seq, kernel, ins, outs, waits, ctx, urgent = item
+            waited = None
             for stream, point in waits:
                 if stream.done < point:
                     if batch:
                         self._post(batch)
                         batch = []
+                    began = time.perf_counter() if waited is None else waited[0]
                     if not stream.wait_until(point):
                         return
+                    names = stream.name if waited is None else f"{waited[2]}, {stream.name}"
+                    waited = (began, time.perf_counter(), names)
             if pressing and batch and took.get(id(kernel), 0.0) > URGENT_AFTER:
                 self._post(batch)
                 batch = []
@@ -106,7 +111,7 @@ class StreamExecutor:
             try:
                 result = kernel(ins, outs)
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
-                batch.append((ctx, exc, start, time.perf_counter(), False))
+                batch.append((ctx, exc, start, time.perf_counter(), False, waited))
                 self._post(batch)
                 return
             end = time.perf_counter()
@@ -121,7 +126,7 @@ class StreamExecutor:
             if not batch:
                 oldest = start
                 pressing = False
-            batch.append((ctx, result, start, end, True))
+            batch.append((ctx, result, start, end, True, waited))
             pressing = pressing or urgent
             age = end - oldest
             if (pressing and age > URGENT_AFTER) or age > FLUSH_AFTER:

@@ -13,7 +13,7 @@ import contextlib
 import functools
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,17 +34,25 @@ Feeds = Mapping[str, Any]
 class Runtime:
     """``async with Runtime(plan) as rt: outputs = await rt.run(feeds)``.
 
-    trace: record a span per kernel (see ``recorder``); stall_timeout: seconds without
+    trace: record a span per kernel (see ``recorder``); trace_iterations: only these
+    iterations (steps), to keep long runs' traces small; stall_timeout: seconds without
     any actor acting before the run fails with a StallError that says who waits on what.
     """
 
-    def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        trace: bool = False,
+        trace_iterations: Collection[int] | None = None,
+        stall_timeout: float = 60.0,
+    ) -> None:
         if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
             raise ValueError(f"stall_timeout is a number of seconds > 0, not {stall_timeout!r}")
         self.plan = plan
         self._state = "new"
         self.stall_timeout = stall_timeout
-        self.recorder = Recorder(enabled=trace)
+        self.recorder = Recorder(enabled=trace, iterations=trace_iterations)
         self.progress = 0
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
@@ -219,7 +227,8 @@ class Runtime:
             m = self.plan.micro_batches
             if len(arrays) % m:
                 raise FeedError(
-                    f"this plan takes whole steps of {m} micro-batches (one feed dict each); got {len(arrays)} feed dicts"
+                    f"this plan takes whole steps of {m} micro-batches (one feed dict each); "
+                    f"got {len(arrays)} feed dicts"
                 )
             self._base = self._iterations
             self._iterations += len(arrays)
@@ -249,25 +258,44 @@ class Runtime:
     def feed_value(self, name: str, iteration: int) -> np.ndarray:
         return self._feeds[iteration][name]
 
-    def completed(self, unit: Unit, iteration: int, result: Any, start: float, end: float) -> None:
+    def completed(
+        self, unit: Unit, iteration: int, result: Any, start: float, end: float, taken: list, waited: Any
+    ) -> None:
         """``iteration``: the unit's own act number; an actor acting once per step of m
-        micro-batches (``every`` m) does act n for micro-batches n*m .. n*m + m - 1."""
+        micro-batches (``every`` m) does act n for micro-batches n*m .. n*m + m - 1.
+        ``taken``: the output buffers per member; ``waited``: see ``executor``."""
         self.progress += 1
         every = unit.members[0].actor.every
         if unit.fetch is not None:
             self._results[(iteration + 1) * every - 1 - self._base][unit.fetch] = result
         if self.recorder.enabled:
-            actor = unit.members[0].actor
-            stream = self.plan.streams[actor.stream]
-            m = self.plan.micro_batches
-            args = {"actor": unit.name, "op": actor.op, "iteration": iteration * every // m, "act": iteration}
-            if m > 1 and every == 1:
-                args["micro_batch"] = iteration % m
-            self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
+            self._record(unit, iteration, start, end, taken, waited)
         self._remaining -= len(unit.members)
         if self._remaining == 0:
             self._feeds.clear()
             self._done.set()
+
+    def _record(self, unit: Unit, act: int, start: float, end: float, taken: list, waited: Any) -> None:
+        """A span for the kernel (step, micro-batch, buffer written, the producer acts it read,
+        for flow arrows) and one for its stream's wait on other streams, if it waited."""
+        actor = unit.members[0].actor
+        stream = self.plan.streams[actor.stream]
+        m, every = self.plan.micro_batches, actor.every
+        args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": act * every // m, "act": act}
+        if m > 1 and every == 1:
+            args["micro_batch"] = act % m
+        if taken[0]:
+            args["register"] = taken[0][0]
+        args["inputs"] = [
+            [spec.producer.unit.name, (act * every + every - 1) // spec.producer.actor.every]
+            for member in unit.members
+            for spec in member.inputs
+            if spec.param is None
+        ]
+        if waited is not None:
+            wait_args = {"iteration": args["iteration"], "for": waited[2]}
+            self.recorder.add(stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args)
+        self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
 
     def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
         actor = unit.members[0].actor

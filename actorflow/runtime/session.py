@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -23,12 +23,15 @@ def run(
     feeds: Feeds | list[Feeds] | None = None,
     *,
     trace: str | os.PathLike | None = None,
+    trace_iterations: Collection[int] | None = None,
     stall_timeout: float = 60.0,
 ) -> Any:
-    """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome trace there."""
+    """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome
+    trace there (of ``trace_iterations`` only, if given)."""
 
     async def main() -> Any:
-        async with Runtime(plan, trace=trace is not None, stall_timeout=stall_timeout) as rt:
+        tracing = dict(trace=trace is not None, trace_iterations=trace_iterations)
+        async with Runtime(plan, **tracing, stall_timeout=stall_timeout) as rt:
             outputs = await rt.run(feeds)
         if trace is not None:
             rt.recorder.write(trace)
@@ -41,8 +44,15 @@ class Session:
     """``with Session(plan) as s: s.run(feeds)``: one Runtime, its own trio loop on a host
     thread, stream threads living across calls. After a failure the session is closed."""
 
-    def __init__(self, plan: Plan, *, trace: bool = False, stall_timeout: float = 60.0) -> None:
-        self._runtime = Runtime(plan, trace=trace, stall_timeout=stall_timeout)
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        trace: bool = False,
+        trace_iterations: Collection[int] | None = None,
+        stall_timeout: float = 60.0,
+    ) -> None:
+        self._runtime = Runtime(plan, trace=trace, trace_iterations=trace_iterations, stall_timeout=stall_timeout)
         self._blas = contextlib.ExitStack()
         self._blas.enter_context(single_threaded_blas())
         self._token: trio.lowlevel.TrioToken | None = None

@@ -13,15 +13,15 @@ from ..compiler.schedules import kept_for_backward
 from ..config import Config
 from ..plan import Plan
 from ..runtime import Session
-from ..trace.recorder import Span
+from ..trace.metrics import summarize
 from .data import step_feeds, synthetic_classification
 from .model import build_graph
 
 
 @attrs.frozen
 class RunResult:
-    """What a run did. ``bubbles``: per stage, the measured idle fraction of its compute
-    streams within each step (median over steps after the first); ``theory``: (p-1)/(m+p-1);
+    """What a run did. ``bubbles``: per stage, the measured idle fraction of its (first
+    replica's) compute stream within the steps (see ``trace.metrics``); ``theory``: (p-1)/(m+p-1);
     ``peak_activations``: per stage, the most micro-batches whose kept-for-backward
     registers were held at once; ``memory``: planned bytes per device."""
 
@@ -63,7 +63,7 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
             if on_step is not None:
                 on_step(step, losses[-1])
         seconds = time.perf_counter() - start
-        spans = list(session.recorder.spans)
+        chrome = session.recorder.to_chrome()
         stats = session.register_stats()
         parameters = session.parameters()
         if trace is not None:
@@ -73,29 +73,12 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
         losses=losses,
         seconds=seconds,
         samples_per_second=config.train.steps * config.train.batch_size / seconds,
-        bubbles=stage_bubbles(spans, config.parallel.stages),
+        bubbles=[s.bubble for s in summarize(chrome, [stage[0] for stage in config.parallel.stages]).stages],
         theory=(p - 1) / (m + p - 1),
         peak_activations=peak_activations(plan, stats, config.parallel.stages),
         memory=dict(plan.memory),
         parameters=parameters,
     )
-
-
-def stage_bubbles(spans: list[Span], stages: tuple[tuple[str, ...], ...]) -> list[float]:
-    """Per stage: within each step's window (first kernel start to last kernel end over
-    every stage's compute streams), the fraction its compute streams sat idle, averaged
-    over the stage's replicas; the median over the steps after the first."""
-    compute = [s for s in spans if s.thread.endswith("/compute")]
-    steps = sorted({s.args["iteration"] for s in compute})
-    per_step = []
-    for step in steps[1:] or steps:
-        mine = [s for s in compute if s.args["iteration"] == step]
-        low, high = min(s.start for s in mine), max(s.end for s in mine)
-        per_step.append([
-            1 - np.mean([_union([s for s in mine if s.process == d]) for d in devices]) / (high - low)
-            for devices in stages
-        ])
-    return [float(np.median([row[k] for row in per_step])) for k in range(len(stages))]
 
 
 def peak_activations(plan: Plan, stats: dict[str, dict[str, int]], stages: tuple[tuple[str, ...], ...]) -> list[int]:
@@ -105,12 +88,3 @@ def peak_activations(plan: Plan, stats: dict[str, dict[str, int]], stages: tuple
         k = stage_of[reg.device]
         peaks[k] = max(peaks[k], stats[reg.name]["max_held"])
     return peaks
-
-
-def _union(spans: list[Span]) -> float:
-    total, end = 0.0, float("-inf")
-    for s in sorted(spans, key=lambda s: s.start):
-        if s.end > end:
-            total += s.end - max(s.start, end)
-            end = s.end
-    return total
