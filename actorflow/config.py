@@ -8,6 +8,7 @@ Every problem is a ConfigError whose message is one line starting with the dotte
 path (``parallel.stages[1]: ...``), or with the file for whole-document problems.
 """
 
+import functools
 import math
 import os
 import re
@@ -147,16 +148,32 @@ class Config:
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
-        """Layers per stage: parallel.partition if given, else as even a split as there is,
-        the first stages taking one more layer each when the layers don't divide evenly."""
+        """Layers per stage: parallel.partition if given, else balanced by cost (a layer
+        costs fan_in x fan_out multiply-adds): the split whose costliest stage costs least."""
         if self.parallel.partition is not None:
             return self.parallel.partition
-        base, extra = divmod(self.layers, len(self.parallel.stages))
-        return tuple(base + (stage < extra) for stage in range(len(self.parallel.stages)))
+        sizes = self.model.sizes
+        return balanced([a * b for a, b in zip(sizes, sizes[1:])], len(self.parallel.stages))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (dicts, lists, str, numbers, bools, None) that parse_config reads back."""
         return _CONVERTER.unstructure(self)
+
+
+def balanced(costs: Sequence[int], parts: int) -> tuple[int, ...]:
+    """Cut ``costs`` into ``parts`` non-empty runs, minimising the largest run's sum;
+    returns the run lengths (ties: the earliest cuts)."""
+    @functools.cache
+    def best(start: int, left: int) -> tuple[int, tuple[int, ...]]:
+        if left == 1:
+            return sum(costs[start:]), (len(costs) - start,)
+        options = []
+        for end in range(start + 1, len(costs) - left + 2):
+            rest, lengths = best(end, left - 1)
+            options.append((max(sum(costs[start:end]), rest), (end - start, *lengths)))
+        return min(options, key=lambda o: o[0])
+
+    return best(0, parts)[1]
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Config:

@@ -1,6 +1,7 @@
 """The training-run config: the baseline loads, overrides apply, and every malformed config
 fails before anything runs, with a one-line message that starts with the YAML path."""
 
+import itertools
 import json
 
 import attrs
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actorflow.config import (
+    balanced,
     Config,
     OptimizerConfig,
     RuntimeConfig,
@@ -237,10 +239,31 @@ def test_replicas_are_canonical_and_stage_major():
     assert config.replica_batch_size == 32
 
 
-def test_stage_layers_split_evenly_unless_partitioned():
+def test_stage_layers_balance_cost_unless_partitioned():
     three = ["parallel.stages=[cpu:0, cpu:1, cpu:2]", "model.sizes=[8, 8, 8, 8, 8, 8]"]
-    assert parse_config(BASELINE_YAML, three).stage_layers == (2, 2, 1)
+    assert sorted(parse_config(BASELINE_YAML, three).stage_layers) == [1, 2, 2]
     assert parse_config(BASELINE_YAML, [*three, "parallel.partition=[1, 1, 3]"]).stage_layers == (1, 1, 3)
+    # one wide layer (64 x 64) outweighs three narrow ones (8 x 8 each) together
+    wide = ["parallel.stages=[cpu:0, cpu:1]", "model.sizes=[64, 64, 8, 8, 8]"]
+    assert parse_config(BASELINE_YAML, wide).stage_layers == (1, 3)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=7), st.integers(1, 7))
+def test_balanced_split_is_optimal(costs, parts):
+    parts = min(parts, len(costs))
+    lengths = balanced(costs, parts)
+    assert len(lengths) == parts and all(n >= 1 for n in lengths) and sum(lengths) == len(costs)
+
+    def worst(cut):
+        bounds = [0, *itertools.accumulate(cut)]
+        return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
+
+    every_split = (
+        [b - a for a, b in zip((0, *cuts), (*cuts, len(costs)))]
+        for cuts in itertools.combinations(range(1, len(costs)), parts - 1)
+    )
+    assert worst(lengths) == min(worst(cut) for cut in every_split)
 
 
 def test_to_dict_round_trips_through_json_and_yaml():
