@@ -80,12 +80,19 @@ def compile(
 
 
 def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[str]]:
-    if not stages:
-        raise CompileError("a schedule needs stages: one device, or a list of devices, per stage")
+    if not stages or isinstance(stages, str):
+        raise CompileError(
+            f"a schedule needs stages: a list with a device, or a list of devices, per stage; got {stages!r}"
+        )
     try:
-        return [[parse_device(d) for d in ([s] if isinstance(s, str) else s)] for s in stages]
+        devices = [[parse_device(d) for d in ([s] if isinstance(s, str) else s)] for s in stages]
     except (TypeError, ValueError) as e:
         raise CompileError(f"stages: {e}") from None
+    seen = [d for stage in devices for d in stage]
+    twice = sorted({d for d in seen if seen.count(d) > 1})
+    if twice:
+        raise CompileError(f"stages: {twice} appear in more than one place; a device belongs to one stage")
+    return devices
 
 
 __all__ = ["compile", "check", "expand"]
