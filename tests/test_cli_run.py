@@ -1,0 +1,185 @@
+"""``actorflow run`` and ``actorflow compile``: config mistakes are one line and exit 2, a
+tiny run prints its table and writes metrics and a trace, compile runs nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_config import BASELINE_YAML, MALFORMED
+
+from actorflow import cli
+from actorflow.config import load_config
+from actorflow.training import compile_config
+
+TINY_YAML = """\
+model: {kind: mlp, sizes: [6, 8, 3], dtype: float64}
+data: {kind: synthetic_classification, samples: 32, seed: 1}
+train: {steps: 50, batch_size: 8, optimizer: {kind: sgd, lr: 0.1}, log_every: 1}
+parallel: {stages: [cpu:0, cpu:1], micro_batches: 2, schedule: 1f1b}
+"""
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """cli.main(argv) -> (exit code, stdout, stderr), turning SystemExit into its code."""
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_YAML)
+    return path
+
+
+@pytest.fixture
+def no_running(monkeypatch):
+    """Make any attempt to run a plan fail loudly."""
+    from actorflow.runtime.runtime import Runtime
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("nothing may run here")
+
+    monkeypatch.setattr(Runtime, "__init__", refuse)
+
+
+# -- config mistakes ------------------------------------------------------------------
+
+
+def malformed_argv(tmp_path, spec) -> tuple[str, list[str], str]:
+    """(config file, --set arguments, what ``<string>`` reads as) for one MALFORMED spec."""
+    path = tmp_path / "case.yaml"
+    if isinstance(spec, str):
+        path.write_text(spec)
+        return str(path), [], str(path)
+    path.write_text(BASELINE_YAML)
+    return str(path), [arg for override in spec for arg in ("--set", override)], str(path)
+
+
+@pytest.mark.usefixtures("no_running")
+@pytest.mark.parametrize("command", ["run", "compile"])
+@pytest.mark.parametrize(("spec", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+def test_malformed_configs_exit_2_with_one_line(capsys, tmp_path, command, spec, message):
+    config, sets, source = malformed_argv(tmp_path, spec)
+    code, out, err = run_cli(capsys, command, config, *sets)
+    assert code == 2, err
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    expected = message.replace("<string>", source, 1) if message.startswith("<string>") else message
+    assert err == f"actorflow {command}: error: {expected}\n"
+
+
+@pytest.mark.usefixtures("no_running")
+@pytest.mark.parametrize("command", ["run", "compile"])
+def test_a_missing_config_file_exits_2(capsys, tmp_path, command):
+    missing = tmp_path / "nowhere.yaml"
+    code, out, err = run_cli(capsys, command, str(missing))
+    assert code == 2
+    assert out == "" and "Traceback" not in err
+    assert err.count("\n") == 1
+    assert str(missing) in err and "cannot read" in err
+
+
+# -- run ------------------------------------------------------------------------------
+
+
+def test_run_prints_the_table_and_writes_metrics_and_trace(capsys, tmp_path, tiny):
+    metrics, trace = tmp_path / "m.json", tmp_path / "t.json"
+    code, out, err = run_cli(
+        capsys, "run", str(tiny), "--steps", "3", "--quiet", "--metrics", str(metrics), "--trace", str(trace)
+    )
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert "samples/s" in out and "3 steps of 8 samples" in out
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("stage"))
+    assert "bubble" in lines[header] and "peak activations" in lines[header]
+    rows = [line.split() for line in lines[header + 1 : header + 3]]
+    assert [r[:2] for r in rows] == [["0", "cpu:0"], ["1", "cpu:1"]]
+    for r in rows:
+        bubble = float(r[3])
+        assert 0.0 <= bubble <= 1.0
+        assert float(r[4]) == pytest.approx(1 / 3, abs=1e-3)  # (p-1)/(m+p-1) with p = m = 2
+
+    data = json.loads(metrics.read_text())
+    assert data["steps"] == 3
+    assert len(data["losses"]) == 3 and all(isinstance(x, float) for x in data["losses"])
+    assert data["config"]["train"]["steps"] == 3
+    assert [s["devices"] for s in data["stages"]] == [["cpu:0"], ["cpu:1"]]
+    for s, stage in enumerate(data["stages"]):
+        assert 1 <= stage["peak_activations"] <= 2 - s  # 1F1B: p - s
+        assert 0.0 <= stage["bubble"] <= 1.0
+    assert data["samples_per_second"] > 0
+    assert f"metrics written to {metrics}" in out
+
+    chrome = json.loads(trace.read_text())
+    assert chrome["traceEvents"]
+    assert f"trace written to {trace}" in out
+
+
+def test_run_metrics_path_from_the_config(capsys, tmp_path, tiny):
+    metrics = tmp_path / "from-config.json"
+    code, _, err = run_cli(capsys, "run", str(tiny), "--steps", "2", "--quiet", "--set", f"output.metrics={metrics}")
+    assert code == 0, err
+    assert len(json.loads(metrics.read_text())["losses"]) == 2
+
+
+def test_run_without_quiet_reports_progress_on_stderr(capsys, tiny):
+    code, out, err = run_cli(capsys, "run", str(tiny), "--steps", "2")
+    assert code == 0
+    assert "step 2/2 loss" in err
+    assert "step 2/2" not in out  # stdout holds only the table
+
+
+def test_quiet_prints_no_per_step_loss(capsys, tiny):
+    """--quiet: no progress bar and no per-step loss lines (log_every is 1 here)."""
+    code, out, err = run_cli(capsys, "run", str(tiny), "--steps", "3", "--quiet")
+    assert code == 0
+    assert err == "", err
+    assert "samples/s" in out
+
+
+# -- compile --------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_running")
+def test_compile_prints_the_plan_and_runs_nothing(capsys, tiny):
+    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", "parallel.schedule=gpipe")
+    assert code == 0, err
+    assert out.startswith("Plan: ")
+    summary = compile_config(load_config(tiny, ["parallel.schedule=gpipe"])).summary()
+    assert out == summary + "\n"
+    assert "accumulate" in out and "repeat" in out  # the micro-batch actors are in the plan
+    assert "samples/s" not in out
+
+
+@pytest.mark.usefixtures("no_running")
+def test_compile_honours_set_overrides(capsys, tiny):
+    _, one, _ = run_cli(capsys, "compile", str(tiny), "--set", "parallel.micro_batches=1")
+    _, two, _ = run_cli(capsys, "compile", str(tiny))
+    assert "accumulate" not in one and "accumulate" in two
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "compile"])
+def test_help_mentions_set(capsys, command):
+    code, out, _ = run_cli(capsys, command, "--help")
+    assert code == 0
+    assert "--set" in out and "CONFIG" in out
+
+
+@pytest.mark.usefixtures("no_running")
+@pytest.mark.parametrize("steps", ["0", "-3", "many"])
+def test_bad_steps_is_a_usage_error(capsys, tiny, steps):
+    code, out, err = run_cli(capsys, "run", str(tiny), "--steps", steps)
+    assert code == 2
+    assert "--steps" in err and "usage:" in err
+    assert out == ""
