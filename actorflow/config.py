@@ -148,12 +148,15 @@ class Config:
 
     @property
     def stage_layers(self) -> tuple[int, ...]:
-        """Layers per stage: parallel.partition if given, else balanced by cost (a layer
-        costs fan_in x fan_out multiply-adds): the split whose costliest stage costs least."""
+        """Layers per stage: parallel.partition if given, else balanced by cost: the split
+        whose costliest stage costs least. A layer's forward costs fan_in x fan_out
+        multiply-adds, and so does each gradient its backward computes: of the weights,
+        and of the input for every layer but the first."""
         if self.parallel.partition is not None:
             return self.parallel.partition
         sizes = self.model.sizes
-        return balanced([a * b for a, b in zip(sizes, sizes[1:])], len(self.parallel.stages))
+        costs = [a * b * (2 if k == 0 else 3) for k, (a, b) in enumerate(zip(sizes, sizes[1:]))]
+        return balanced(costs, len(self.parallel.stages))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (dicts, lists, str, numbers, bools, None) that parse_config reads back."""
