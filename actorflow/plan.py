@@ -303,6 +303,7 @@ def _summary_lines(plan: Plan) -> list[str]:
     lines = [
         f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
         f"{len(plan.collectives)} collectives, {len(plan.events)} events"
+        + (f"; {plan.micro_batches} micro-batches a step ([step]: acts once per step)" if plan.micro_batches > 1 else "")
     ]
     for stream in plan.streams:
         actors = sorted(
@@ -311,7 +312,8 @@ def _summary_lines(plan: Plan) -> list[str]:
         lines.append(f"stream {stream.name} ({len(actors)} actors)")
         for a in actors:
             ins = ", ".join(_input_text(plan, i) for i in a.inputs) or "-"
-            lines.append(f"  [{a.priority:>3}] {a.name:<24} {a.op:<14} in: {ins}")
+            rate = " [step]" if a.every > 1 else ""
+            lines.append(f"  [{a.priority:>3}] {a.name:<24} {a.op:<14} in: {ins}{rate}")
             for r in (plan.registers[o] for o in a.outputs):
                 to = ", ".join(names[c.actor] for c in r.consumers) or "-"
                 lines.append(
