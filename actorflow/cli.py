@@ -55,10 +55,18 @@ def parser() -> argparse.ArgumentParser:
     comp = sub.add_parser(
         "compile",
         help="print the plan of a YAML config's run without running it",
-        description="Compile the run CONFIG describes and print the plan summary: streams, actors "
-        "with their quotas and consumers, events, collective order, planned memory.",
+        description="Compile the run CONFIG describes and print an overview of its plan (streams, "
+        "actors per kind, planned memory), or all of it with --dump, or its actor graph with --dot "
+        "(render with: dot -Tsvg).",
     )
     _config_arguments(comp)
+    view = comp.add_mutually_exclusive_group()
+    view.add_argument(
+        "--dump", action="store_true",
+        help="every actor with its stream, priority, inputs and outputs (quota, consumers); "
+        "events; collective order; planned memory per device",
+    )
+    view.add_argument("--dot", action="store_true", help="the actor graph as Graphviz text, streams as clusters")
     add_trace_commands(sub)
     return p
 
@@ -88,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as err:
             print(f"actorflow {args.command}: error: {err}", file=sys.stderr)
             return 2
-        return _run(config, args) if args.command == "run" else _compile(config)
+        return _run(config, args) if args.command == "run" else _compile(config, args)
     if args.command == "trace":
         from .trace.cli import run as trace
 
@@ -97,10 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _compile(config) -> int:
+def _compile(config, args) -> int:
     from .training import compile_config
+    from .views import dot, overview
 
-    print(compile_config(config).summary())
+    plan = compile_config(config)
+    print(plan.summary() if args.dump else dot(plan) if args.dot else overview(plan))
     return 0
 
 

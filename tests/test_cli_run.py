@@ -4,6 +4,7 @@ tiny run prints its table and writes metrics and a trace, compile runs nothing."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from test_config import BASELINE_YAML, MALFORMED
@@ -150,13 +151,35 @@ def test_quiet_prints_no_per_step_loss(capsys, tiny):
 
 @pytest.mark.usefixtures("no_running")
 def test_compile_prints_the_plan_and_runs_nothing(capsys, tiny):
-    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", "parallel.schedule=gpipe")
+    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", "parallel.schedule=gpipe", "--dump")
     assert code == 0, err
     assert out.startswith("Plan: ")
-    summary = compile_config(load_config(tiny, ["parallel.schedule=gpipe"])).summary()
-    assert out == summary + "\n"
+    plan = compile_config(load_config(tiny, ["parallel.schedule=gpipe"]))
+    assert out == plan.summary() + "\n"
     assert "accumulate" in out and "repeat" in out  # the micro-batch actors are in the plan
     assert "samples/s" not in out
+    code, short, _ = run_cli(capsys, "compile", str(tiny), "--set", "parallel.schedule=gpipe")
+    assert code == 0 and short.startswith(out.splitlines()[0])
+    for stream in plan.streams:
+        assert stream.name in short
+    for device in plan.memory:
+        assert device in short.splitlines()[-1]
+
+
+@pytest.mark.usefixtures("no_running")
+def test_compile_dot_is_graphviz_with_a_cluster_per_stream_and_an_edge_per_register_use(capsys, tiny):
+    code, out, err = run_cli(capsys, "compile", str(tiny), "--dot")
+    assert code == 0, err
+    plan = compile_config(load_config(tiny))
+    assert out.startswith("digraph plan {") and out.rstrip().endswith("}")
+    assert out.count("{") == out.count("}")
+    assert out.count("subgraph cluster_") == len(plan.streams)
+    declared = set(re.findall(r"^\s+(a\d+) \[label=", out, re.M))
+    assert declared == {f"a{a.id}" for a in plan.actors}
+    edges = re.findall(r"^\s+(a\d+) -> (a\d+) ", out, re.M)
+    uses = [(r.producer, c.actor) for r in plan.registers if not r.is_parameter for c in r.consumers]
+    assert sorted(edges) == sorted((f"a{p}", f"a{c}") for p, c in uses)
+    assert len(re.findall('style="dashed"', out)) == sum(len(r.consumers) for r in plan.registers if r.control)
 
 
 @pytest.mark.usefixtures("no_running")
