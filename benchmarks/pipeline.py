@@ -26,8 +26,10 @@ from actorflow.training import train
 
 
 def config(args, stages, micro_batches, schedule):
+    """The first layer is 1.5x wider: it computes no input gradient, so this evens the stages."""
+    sizes = [args.width * 3 // 2] + [args.width] * args.layers
     return parse_config({
-        "model": {"sizes": [args.width * 3 // 2] + [args.width] * args.layers, "activation": "relu", "dtype": "float32"},
+        "model": {"sizes": sizes, "activation": "relu", "dtype": "float32"},
         "data": {"samples": args.batch * 4, "seed": 0},
         "train": {"steps": args.steps, "batch_size": args.batch, "optimizer": {"kind": "sgd", "lr": 0.01}},
         "parallel": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule},
@@ -57,10 +59,11 @@ def main() -> int:
     args = p.parse_args()
 
     two = ["cpu:0", "cpu:1"]
+    sizes = config(args, two, 1, "1f1b").model.sizes
     flops = 2 * 3 * args.width * args.width * args.batch * args.layers // 2
     print(
         f"actorflow pipeline benchmark: python {platform.python_version()}, numpy {np.__version__}, "
-        f"{os.cpu_count()} cores; MLP {args.layers} x {args.width}x{args.width} float32, batch {args.batch}, "
+        f"{os.cpu_count()} cores; MLP {list(sizes)} float32, batch {args.batch}, "
         f"2 stages of {args.layers // 2} layers; {args.steps} steps x {args.repeats} runs (medians)"
     )
     print(
