@@ -7,9 +7,9 @@ import json
 import re
 
 import pytest
+from test_cli import run_cli
 from test_config import BASELINE_YAML, MALFORMED
 
-from actorflow import cli
 from actorflow.config import load_config
 from actorflow.training import compile_config
 
@@ -19,16 +19,6 @@ data: {kind: synthetic_classification, samples: 32, seed: 1}
 train: {steps: 50, batch_size: 8, optimizer: {kind: sgd, lr: 0.1}, log_every: 1}
 parallel: {stages: [cpu:0, cpu:1], micro_batches: 2, schedule: 1f1b}
 """
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """cli.main(argv) -> (exit code, stdout, stderr), turning SystemExit into its code."""
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture
