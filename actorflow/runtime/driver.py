@@ -163,20 +163,26 @@ class Driver:
                     self._dirty(unit)
 
     def _launch_ready(self) -> None:
-        heap, units = self._heap, self.runtime.units
+        heap, units, log = self._heap, self.runtime.units, self.runtime.actor_log
         while heap:
             _, uid = heapq.heappop(heap)
             self._queued.discard(uid)
             unit = units[uid]
             if self.ordered and unit is not self.units[self.cursor]:
+                if log is not None:
+                    log.turn(self.name, unit, self.units[self.cursor])
                 continue
             if unit.can_act():
+                if log is not None:
+                    log.attempt(self.name, unit, True)
                 self._launch(unit)
                 if self.ordered:
                     self.cursor = (self.cursor + 1) % len(self.units)
                     self._dirty(self.units[self.cursor])
                 else:
                     self._dirty(unit)
+            elif log is not None:
+                log.attempt(self.name, unit, False)
 
     def _launch(self, unit: Unit) -> None:
         ins: list = []

@@ -24,9 +24,11 @@ from ..plan import Plan
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
+from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 from .logical import assemble, feed_names, split_feeds
+from .stall import wait_for_chain
 
 Feeds = Mapping[str, Any]
 
@@ -37,6 +39,7 @@ class Runtime:
     trace: record a span per kernel (see ``recorder``); trace_iterations: only these
     iterations (steps), to keep long runs' traces small; stall_timeout: seconds without
     any actor acting before the run fails with a StallError that says who waits on what.
+    The ``ACTORFLOW_DEBUG`` environment variable is read here (see ``debug``).
     """
 
     def __init__(
@@ -50,6 +53,8 @@ class Runtime:
         if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
             raise ValueError(f"stall_timeout is a number of seconds > 0, not {stall_timeout!r}")
         self.plan = plan
+        # None unless ACTORFLOW_DEBUG=actors: the drivers check it once per act attempt.
+        self.actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._state = "new"
         self.stall_timeout = stall_timeout
         self.recorder = Recorder(enabled=trace, iterations=trace_iterations)
@@ -359,6 +364,8 @@ class Runtime:
     # -- inspection ----------------------------------------------------------------
 
     def stall_report(self, idle: float) -> str:
+        """Every actor with acts left and what it lacks, what each stream is doing, and the
+        wait-for chain from a waiting actor to the one everything waits on."""
         plan = self.plan
         lines = [
             f"no actor acted for {idle:.1f} s (stall_timeout={self.stall_timeout} s); "
@@ -368,19 +375,10 @@ class Runtime:
             actor, state = member.actor, member.state
             if state.acts_left == 0:
                 continue
-            missing_in, missing_out = state.lacking()
-            reasons = []
-            for k in missing_in:
-                reg = plan.registers[actor.inputs[self._protocol[actor.id][k]].register]
-                reasons.append(f"input {reg.name!r} from {plan.actors[reg.producer].name!r} not ready")
-            for k in missing_out:
-                reg = plan.registers[actor.outputs[k]]
-                holders = ", ".join(repr(plan.actors[c.actor].name) for c in reg.consumers)
-                reasons.append(f"no credit on output {reg.name!r} (all {reg.quota} held by {holders})")
             stream = plan.streams[actor.stream].name
             lines.append(
                 f"  {actor.name} on {stream}, iteration {state.iteration - self._base}: "
-                + ("; ".join(reasons) or "can act, waiting for its turn")
+                + ("; ".join(lacking(plan, member)) or "can act, waiting for its turn")
             )
         for driver in self._drivers:
             ex = driver.executor
@@ -395,6 +393,7 @@ class Runtime:
             if driver.ordered and driver.units:
                 unit = driver.units[driver.cursor]
                 lines.append(f"  stream {driver.name}: next in collective order is {unit.name!r}")
+        lines.append(wait_for_chain(plan, self._members, self._drivers, self._base))
         return "\n".join(lines)
 
     def parameters(self) -> dict[str, np.ndarray]:
