@@ -3,12 +3,8 @@ run as one kernel."""
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Mapping
-
+from ..dag import Edges, topological_order
 from ..plan import Plan
-
-Edges = Mapping[int, Iterable[int]]
 
 
 def unit_of(plan: Plan) -> dict[int, int]:
@@ -31,27 +27,6 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
             if unit[c.actor] != unit[reg.producer]:
                 edges[unit[reg.producer]].add(unit[c.actor])
     return edges
-
-
-def topological_order(edges: Edges) -> list[int]:
-    """Kahn's algorithm, smallest ready id first, so the order is deterministic."""
-    indegree = {u: 0 for u in edges}
-    for u in edges:
-        for v in edges[u]:
-            indegree[v] += 1
-    ready = [u for u, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        u = heapq.heappop(ready)
-        order.append(u)
-        for v in edges[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                heapq.heappush(ready, v)
-    if len(order) != len(indegree):
-        raise ValueError("the graph has a cycle")
-    return order
 
 
 def positions(plan: Plan) -> dict[int, int]:

@@ -3,10 +3,10 @@ the actor that everything waits on."""
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Mapping, Sequence
 from enum import Enum
 
+from ..dag import topological_order
 from ..plan import Plan
 from .debug import fed_inputs
 from .driver import Driver, Member
@@ -51,24 +51,11 @@ def _start(plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver])
 
 def _topological(plan: Plan) -> list[int]:
     """Actor ids in a topological order of the data and control edges, smallest id first."""
-    consumers: list[list[int]] = [[] for _ in plan.actors]
-    indegree = [0] * len(plan.actors)
+    edges: dict[int, list[int]] = {a.id: [] for a in plan.actors}
     for reg in plan.registers:
         if not reg.is_parameter:
-            for c in reg.consumers:
-                consumers[reg.producer].append(c.actor)
-                indegree[c.actor] += 1
-    ready = [a for a, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        a = heapq.heappop(ready)
-        order.append(a)
-        for c in consumers[a]:
-            indegree[c] -= 1
-            if indegree[c] == 0:
-                heapq.heappush(ready, c)
-    return order
+            edges[reg.producer].extend(c.actor for c in reg.consumers)
+    return topological_order(edges)
 
 
 class _Chain:
