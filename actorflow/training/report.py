@@ -13,7 +13,8 @@ def table(config: Config, result: RunResult) -> str:
     lines = [
         f"{config.train.steps} steps of {config.train.batch_size} samples in {result.seconds:.2f} s: "
         f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
-        f"pipeline: {len(parallel.stages)} stages x {parallel.data_parallel} replicas, "
+        f"pipeline: {len(parallel.stages)} stages x {parallel.data_parallel} "
+        f"replica{'s' if parallel.data_parallel > 1 else ''}, "
         f"{parallel.micro_batches} micro-batches, {parallel.schedule}",
         "",
     ]
