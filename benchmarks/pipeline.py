@@ -37,13 +37,15 @@ def config(args, stages, micro_batches, schedule):
 
 
 def measure(args, stages, micro_batches, schedule):
-    """Medians over the repeats: (samples/s, bubble per stage, peak activations per stage, theory)."""
+    """Medians over the repeats: (samples/s, bubble per stage, peak activations per stage,
+    their bound per stage, theory)."""
     runs = [train(config(args, stages, micro_batches, schedule)) for _ in range(args.repeats)]
     p = len(stages)
     return (
         statistics.median(r.samples_per_second for r in runs),
         [statistics.median(r.bubbles[s] for r in runs) for s in range(p)],
         [max(r.peak_activations[s] for r in runs) for s in range(p)],
+        runs[0].activation_quotas,
         runs[0].theory,
     )
 
@@ -77,8 +79,7 @@ def main() -> int:
     rows = []
     for schedule in ("gpipe", "1f1b"):
         for m in args.micro_batches:
-            throughput, bubbles, peaks, theory = measure(args, two, m, schedule)
-            bound = (m, m) if schedule == "gpipe" else (2, 1)
+            throughput, bubbles, peaks, bound, theory = measure(args, two, m, schedule)
             rows.append((
                 schedule, str(m), f"{throughput:,.0f}", f"{throughput / baseline:.2f}x",
                 f"{bubbles[0]:.3f}", f"{bubbles[1]:.3f}", f"{theory:.3f}",

@@ -19,9 +19,7 @@ def table(config: Config, result: RunResult) -> str:
         "",
     ]
     rows = [("stage", "devices", "layers", "bubble", "theory (p-1)/(m+p-1)", "peak activations", "quota")]
-    p = len(parallel.stages)
     for s, devices in enumerate(parallel.stages):
-        quota = parallel.micro_batches if parallel.schedule == "gpipe" else p - s
         rows.append((
             str(s),
             ", ".join(devices),
@@ -29,7 +27,7 @@ def table(config: Config, result: RunResult) -> str:
             f"{result.bubbles[s]:.3f}",
             f"{result.theory:.3f}",
             str(result.peak_activations[s]),
-            str(quota),
+            str(result.activation_quotas[s]),
         ))
     widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -23,7 +23,9 @@ class RunResult:
     """What a run did. ``bubbles``: per stage, the measured idle fraction of its (first
     replica's) compute stream within the steps (see ``trace.metrics``); ``theory``: (p-1)/(m+p-1);
     ``peak_activations``: per stage, the most micro-batches whose kept-for-backward
-    registers were held at once; ``memory``: planned bytes per device."""
+    registers were held at once; ``activation_quotas``: per stage, the quota the
+    schedule gave those registers (the bound on ``peak_activations``); ``memory``:
+    planned bytes per device."""
 
     losses: list[float]
     seconds: float
@@ -31,6 +33,7 @@ class RunResult:
     bubbles: list[float]
     theory: float
     peak_activations: list[int]
+    activation_quotas: list[int]
     memory: dict[str, int]
     parameters: dict[str, np.ndarray]
 
@@ -69,22 +72,29 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
         if trace is not None:
             session.recorder.write(trace)
     p, m = len(config.parallel.stages), config.parallel.micro_batches
+    peaks, quotas = kept_per_stage(plan, stats, config.parallel.stages)
     return RunResult(
         losses=losses,
         seconds=seconds,
         samples_per_second=config.train.steps * config.train.batch_size / seconds,
         bubbles=[s.bubble for s in summarize(chrome, [stage[0] for stage in config.parallel.stages]).stages],
         theory=(p - 1) / (m + p - 1),
-        peak_activations=peak_activations(plan, stats, config.parallel.stages),
+        peak_activations=peaks,
+        activation_quotas=quotas,
         memory=dict(plan.memory),
         parameters=parameters,
     )
 
 
-def peak_activations(plan: Plan, stats: dict[str, dict[str, int]], stages: tuple[tuple[str, ...], ...]) -> list[int]:
+def kept_per_stage(
+    plan: Plan, stats: dict[str, dict[str, int]], stages: tuple[tuple[str, ...], ...]
+) -> tuple[list[int], list[int]]:
+    """Per stage, over the registers it keeps for backward: (the most buffers one of them
+    held at once, the largest quota among them)."""
     stage_of = {d: k for k, devices in enumerate(stages) for d in devices}
-    peaks = [0] * len(stages)
+    peaks, quotas = [0] * len(stages), [0] * len(stages)
     for reg in kept_for_backward(plan):
         k = stage_of[reg.device]
         peaks[k] = max(peaks[k], stats[reg.name]["max_held"])
-    return peaks
+        quotas[k] = max(quotas[k], reg.quota)
+    return peaks, quotas
