@@ -298,13 +298,19 @@ _converter.register_structure_hook_func(
 )
 
 
+def headline(plan: Plan) -> str:
+    """The summary's first line: how many actors, streams, collectives and events."""
+    m = plan.micro_batches
+    steps = f"; {m} micro-batches a step ([step]: acts once per step)" if m > 1 else ""
+    return (
+        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
+        f"{len(plan.collectives)} collectives, {len(plan.events)} events{steps}"
+    )
+
+
 def _summary_lines(plan: Plan) -> list[str]:
     names = {a.id: a.name for a in plan.actors}
-    lines = [
-        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
-        f"{len(plan.collectives)} collectives, {len(plan.events)} events"
-        + (f"; {plan.micro_batches} micro-batches a step ([step]: acts once per step)" if plan.micro_batches > 1 else "")
-    ]
+    lines = [headline(plan)]
     for stream in plan.streams:
         actors = sorted(
             (a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority

@@ -3,15 +3,14 @@ full listing is ``Plan.summary()``)."""
 
 from __future__ import annotations
 
-from .plan import Plan
+from .plan import Plan, headline
 
 _SYNC_STYLE = {"stream": "", "event": ', color="red"', "implied": ', style="dotted"', "completion": ', color="blue"'}
 
 
 def overview(plan: Plan) -> str:
     """Streams with their actors per kind, collectives, events and memory per device."""
-    first = plan.summary().splitlines()[0]
-    lines = [first]
+    lines = [headline(plan)]
     for stream in plan.streams:
         kinds: dict[str, int] = {}
         for a in plan.actors:
