@@ -272,7 +272,7 @@ class Runtime:
         self.progress += 1
         every = unit.members[0].actor.every
         if unit.fetch is not None:
-            self._results[(iteration + 1) * every - 1 - self._base][unit.fetch] = result
+            self._results[_last_micro_batch(iteration, every) - self._base][unit.fetch] = result
         if self.recorder.enabled:
             self._record(unit, iteration, start, end, taken, waited)
         self._remaining -= len(unit.members)
@@ -292,7 +292,7 @@ class Runtime:
         if taken[0]:
             args["register"] = taken[0][0]
         args["inputs"] = [
-            [spec.producer.unit.name, (act * every + every - 1) // spec.producer.actor.every]
+            [spec.producer.unit.name, _last_micro_batch(act, every) // spec.producer.actor.every]
             for member in unit.members
             for spec in member.inputs
             if spec.param is None
@@ -437,6 +437,12 @@ class Runtime:
                 )
             arrays[name] = array
         return arrays
+
+
+def _last_micro_batch(act: int, every: int) -> int:
+    """The last micro-batch that act ``act`` of an actor acting every ``every`` serves:
+    where its result is fetched, and what its inputs' producers made it from."""
+    return (act + 1) * every - 1
 
 
 def _hold(plan: Plan, actor, i) -> int:
