@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 import actorflow as af
+from actorflow.text import columns
 
 
 def noop(a: np.ndarray) -> np.ndarray:
@@ -152,11 +153,7 @@ def main() -> int:
         (f"(c) most buffers held by one register, quota {q}", f"{h} held", f"quota {q}", "equal" if h == q else "differs")
         for q, h in held.items()
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    header = ("measure", "actorflow", "baseline", "ratio")
-    widths = [max(w, len(h)) for w, h in zip(widths, header)]
-    for row in [header, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("\n".join(columns([("measure", "actorflow", "baseline", "ratio"), *rows])))
     return 0
 
 

@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 import actorflow as af
+from actorflow.text import columns
 
 DEVICES = ["cpu:0", "cpu:1"]
 
@@ -156,9 +157,7 @@ def main() -> int:
         t = step_time(data_parallel(args.sizes, args.batch, link, **options), {"x": x, "y": y}, args.steps, args.repeats, trace)
         efficiency = (c + m - t) / min(c, m)
         rows.append((label, f"{t * 1e3:.2f}", f"{max(c, m) * 1e3:.2f}", f"{(c + m) * 1e3:.2f}", f"{t / max(c, m):.2f}", f"{efficiency:.2f}", trace))
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("\n".join(columns([header, *rows])))
     return 0
 
 

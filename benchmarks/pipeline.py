@@ -22,6 +22,7 @@ import sys
 import numpy as np
 
 from actorflow.config import parse_config
+from actorflow.text import columns
 from actorflow.training import train
 
 
@@ -85,9 +86,7 @@ def main() -> int:
                 f"{bubbles[0]:.3f}", f"{bubbles[1]:.3f}", f"{theory:.3f}",
                 str(peaks[0]), str(peaks[1]), f"{bound[0]}/{bound[1]}",
             ))
-    widths = [max(len(r[k]) for r in [header, *rows]) for k in range(len(header))]
-    for row in [header, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("\n".join(columns([header, *rows])))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Config
+from ..text import columns
 from .runner import RunResult
 
 
@@ -29,8 +30,7 @@ def table(config: Config, result: RunResult) -> str:
             str(result.peak_activations[s]),
             str(result.activation_quotas[s]),
         ))
-    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines += columns(rows)
     lines += ["", "planned memory per device:"]
     lines += [f"  {device}: {nbytes / 2**20:.2f} MiB" for device, nbytes in sorted(result.memory.items())]
     return "\n".join(lines)
