@@ -5,8 +5,11 @@ hides the host's round trip, but a stream thread waiting on an event holds up ev
 queued behind it. When a stream is fed by one other stream only, its queue follows that
 stream's order and the wait costs nothing: those inputs get events. A stream fed by
 several (the host counts as one where the stream carries feeds: a copy stream with
-feeds, fetches and device-to-device copies; the collective stream) gets its inputs only
-at the producer's completion. An actor that reads one register twice waits once.
+feeds, fetches and device-to-device copies) gets its inputs only at the producer's
+completion. The collective stream is the exception: it runs its collectives in one fixed
+order, so nothing queued behind a waiting collective could have run first, and its inputs
+get events whatever feeds it (no round trip through the host before each collective). An
+actor that reads one register twice waits once.
 
 Every input guarantees "producer finished before consumer starts", so if producer P
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
@@ -27,6 +30,7 @@ def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
     reach = descendants(data_edges(plan))
     stream = {a.id: a.stream for a in plan.actors}
+    ordered = {s.id for s in plan.streams if s.kind == "collective"}
     producer_units: dict[int, set[int]] = {}
     host = -1
     sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
@@ -41,7 +45,7 @@ def insert_events(plan: Plan) -> Plan:
     def sync(actor, producer: int, seen: bool) -> str:
         if producer < 0 or stream[producer] == actor.stream:
             return "stream"
-        if len(sources[actor.stream]) > 1:
+        if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
         others = producer_units[unit[actor.id]] - {unit[producer]}
         if seen or any(reach[unit[producer]] >> y & 1 for y in others):
