@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
-from actorflow.compiler.schedules import kept_for_backward
+from actorflow.compiler.schedules import crossing_stages, kept_for_backward
 
 RNG = np.random.default_rng(11)
 N, D, H, C = 16, 5, 7, 3  # whole batch rows, input width, hidden width, classes
@@ -225,8 +225,14 @@ def test_kept_for_backward_registers_get_the_schedule_quota(m, schedule):
     for reg in kept:
         want = m if schedule == "gpipe" else p - stage_of(reg.device)
         assert reg.quota == want, reg.name
-    # registers nobody keeps for backward keep the default quota
-    others = {r.id for r in plan.registers} - {r.id for r in kept}
+    # under GPipe what crosses stages holds m too (or the default, if more)
+    crossing = {r.id for r in crossing_stages(plan)} - {r.id for r in kept}
+    # the activation stage 0 sends and the gradient stage 1 sends back, at least
+    assert {plan.actors[plan.registers[i].producer].backward for i in crossing} == {False, True}
+    for i in crossing:
+        assert plan.registers[i].quota == (max(m, 3) if schedule == "gpipe" else 3), plan.registers[i].name
+    # the rest keep the default quota
+    others = {r.id for r in plan.registers} - {r.id for r in kept} - crossing
     data = [plan.registers[i] for i in others if not plan.registers[i].is_parameter and not plan.registers[i].control]
     variables = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
     assert {r.quota for r in data if r.id not in variables} == {3}

@@ -73,7 +73,7 @@ def compile(
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
     if schedule is not None:
-        overrides = schedule_quotas(plan, _stage_devices(stages), schedule) | overrides
+        overrides = schedule_quotas(plan, _stage_devices(stages), schedule, quota) | overrides
     plan = plan_registers(plan, quota, overrides)
     plan = assign_priorities(plan, compute_first=priority)
     return check(attrs.evolve(plan, overlap=overlap))
