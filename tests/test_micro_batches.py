@@ -238,6 +238,21 @@ def test_kept_for_backward_registers_get_the_schedule_quota(m, schedule):
     assert {r.quota for r in data if r.id not in variables} == {3}
 
 
+
+@pytest.mark.parametrize("priority", [True, False])
+def test_a_stage_computes_the_gradient_the_previous_stage_waits_for_first(priority):
+    """Compute-first: the actor whose result a copy to another stage reads goes ahead of
+    every other actor on its stream (here stage 1's input gradient, before its weight
+    gradient); without priorities, depth alone decides."""
+    g = two_stage_mlp(N // 2, OPTIMIZERS["sgd-momentum"]())
+    plan = af.compile(g, micro_batches=2, stages=STAGES, schedule="1f1b", priority=priority)
+    send = next(a for a in plan.actors if a.kind == "copy" and a.backward)
+    grad = plan.actors[plan.registers[send.inputs[0].register].producer]
+    assert grad.device == "cpu:1" and grad.backward
+    rivals = [a for a in plan.actors if a.stream == grad.stream and a.id != grad.id]
+    first = all(grad.priority < a.priority for a in rivals)
+    assert first == priority
+
 def test_three_stage_1f1b_quotas_count_down():
     """Three stages: 1F1B keeps 3, 2, 1 micro-batches."""
     devices = ["cpu:0", "cpu:1", "cpu:2"]

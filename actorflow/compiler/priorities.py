@@ -8,8 +8,10 @@ are held.
 
 Unless ``compute_first=False``, communication decides before depth (PaddlePaddle
 #47471's compute-first dispatch, and what makes gradient all-reduces overlap backward):
-an actor whose result a collective reads goes first, so communication can start as soon
-as possible (a bias gradient must not wait behind the rest of the backward pass); an
+an actor whose result a collective or a copy to another device reads goes first, so
+communication can start as soon as possible (a bias gradient must not wait behind the
+rest of the backward pass; a pipeline stage computes the input gradient the previous
+stage waits for before its own weight gradients); an
 actor launched early to wait on a collective's event goes last, so its wait can't hold
 up compute that could run meanwhile (one that gets the result at the collective's
 completion has nothing left to wait for, and keeps its place).
@@ -33,14 +35,16 @@ def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
         producers = (plan.registers[i.register].producer for i in actor.inputs if i.sync == "event")
         return any(stream_of[p] in collective_streams for p in producers)
 
-    def feeds_collective(actor) -> bool:
-        consumers = (c.actor for o in actor.outputs for c in plan.registers[o].consumers)
-        return any(stream_of[c] in collective_streams for c in consumers)
+    def another_device_waits(actor) -> bool:
+        consumers = (plan.actors[c.actor] for o in actor.outputs for c in plan.registers[o].consumers)
+        return any(
+            c.stream in collective_streams or (c.kind == "copy" and c.device != actor.device) for c in consumers
+        )
 
     def key(actor):
         compute = actor.stream not in collective_streams
         late = compute_first and compute and waits_on_collective(actor)
-        early = compute_first and compute and feeds_collective(actor)
+        early = compute_first and compute and another_device_waits(actor)
         return (late, not early, -position[unit[actor.id]], actor.id)
 
     rank = {a.id: k for k, a in enumerate(sorted(plan.actors, key=key))}
