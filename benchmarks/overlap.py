@@ -12,7 +12,12 @@ no collectives) and communication alone M (the same all-reduces, nothing else), 
 prints per variant: step time T, the bound max(C, M), serial C + M, and the overlap
 efficiency (C + M - T) / min(C, M). Each variant writes a Chrome trace.
 
-Run: python benchmarks/overlap.py [--repeats 3] [--steps 20] [--bucket-cap BYTES] [--out DIR]
+The default batch makes kernels of milliseconds (a 1024 x 512 x 512 matmul per device),
+as on an accelerator: each step also pays a fixed host cost (the runtime's Python, about
+30 us a kernel, and its threads competing for the cores), which a smaller batch makes a
+larger part of the step; try --batch 256 to see it.
+
+Run: python benchmarks/overlap.py [--batch 2048] [--repeats 3] [--steps 10] [--bucket-cap BYTES] [--out DIR]
 """
 
 from __future__ import annotations
@@ -112,8 +117,8 @@ def main() -> int:
     p.add_argument(
         "--sizes", type=int, nargs="+", default=[128] + [512] * 8, help="layer widths (default 128, then 8 layers of 512)"
     )
-    p.add_argument("--batch", type=int, default=256, help="global batch, split over 2 devices")
-    p.add_argument("--steps", type=int, default=20, help="steps per timed run")
+    p.add_argument("--batch", type=int, default=2048, help="global batch, split over 2 devices (default 2048)")
+    p.add_argument("--steps", type=int, default=10, help="steps per timed run (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are printed")
     p.add_argument("--comm-share", type=float, default=0.5, help="emulated communication time as a share of compute")
     p.add_argument("--latency", type=float, default=100e-6, help="emulated link latency per collective, seconds")
