@@ -11,10 +11,10 @@ Unless ``compute_first=False``, communication decides before depth (PaddlePaddle
 an actor whose result a collective or a copy to another device reads goes first, so
 communication can start as soon as possible (a bias gradient must not wait behind the
 rest of the backward pass; a pipeline stage computes the input gradient the previous
-stage waits for before its own weight gradients); an
-actor launched early to wait on a collective's event goes last, so its wait can't hold
-up compute that could run meanwhile (one that gets the result at the collective's
-completion has nothing left to wait for, and keeps its place).
+stage waits for before its own weight gradients); an actor launched early to wait on a
+collective's event goes last, so its wait can't hold up compute that could run
+meanwhile (one that gets the result at the collective's completion has nothing left to
+wait for, and keeps its place).
 """
 
 from __future__ import annotations
