@@ -60,13 +60,23 @@ def expected_parts(value: np.ndarray, code: str, n: int) -> list[np.ndarray]:
     return [value] * n
 
 
+def output_with_parts(name: str, t) -> None:
+    """Fetch ``t`` as ``name`` and each of its per-device parts as part0, part1, ..."""
+    af.output(name, t)
+    for k, part in enumerate(t.locals):
+        af.output(f"part{k}", part)
+
+
+def assert_parts(out: dict, wants) -> None:
+    for k, want in enumerate(wants):
+        np.testing.assert_allclose(out[f"part{k}"], want, **TOL)
+
+
 def run_box(frm: str, to: str, n: int, how: str = "matmul"):
     with af.Graph() as g:
         x, value, feeds, src_parts = source(frm, n, how)
         y = af.box(x, sbp_of(to))
-        af.output("y", y)
-        for k, part in enumerate(y.locals):
-            af.output(f"part{k}", part)
+        output_with_parts("y", y)
     plan = af.compile(g)
     return x, y, value, src_parts, plan, af.run(plan, feeds)
 
@@ -134,8 +144,7 @@ def test_partial_made_by_boxing_a_broadcast_tensor(to, n):
     _, y, value, src_parts, plan, out = run_box("P", to, n, how="box")
     assert y.sbp == sbp_of(to)
     np.testing.assert_allclose(out["y"], value, **TOL)
-    for k, want in enumerate(expected_parts(value, to, n)):
-        np.testing.assert_allclose(out[f"part{k}"], want, **TOL)
+    assert_parts(out, expected_parts(value, to, n))
     assert collective_ops(plan) == ["all_reduce" if to == "B" else "reduce_scatter"]
 
 
@@ -146,15 +155,12 @@ def test_identity_is_the_same_tensor(code, n):
         x, value, feeds, src_parts = source(code, n)
         y = af.box(x, sbp_of(code))
         assert y is x
-        af.output("y", y)
-        for k, part in enumerate(y.locals):
-            af.output(f"part{k}", part)
+        output_with_parts("y", y)
     plan = af.compile(g)
     assert plan.collectives == ()
     out = af.run(plan, feeds)
     np.testing.assert_allclose(out["y"], value, **TOL)
-    for k, want in enumerate(src_parts):
-        np.testing.assert_allclose(out[f"part{k}"], want, **TOL)
+    assert_parts(out, src_parts)
 
 
 def test_partial_parts_are_the_partial_products():
@@ -162,9 +168,7 @@ def test_partial_parts_are_the_partial_products():
     with af.Graph() as g:
         x, value, feeds, src_parts = source("P", 3)
         assert x.sbp == af.P and x.shape == (M, N)
-        af.output("x", x)
-        for k, part in enumerate(x.locals):
-            af.output(f"part{k}", part)
+        output_with_parts("x", x)
     plan = af.compile(g)
     assert plan.collectives == ()
     out = af.run(plan, feeds)
@@ -194,17 +198,13 @@ def test_transition_3d(frm, to, collective, n):
     with af.Graph() as g:
         x = af.placeholder("t", T3.shape, "float64", place(n), sbp_of(frm))
         y = af.box(x, sbp_of(to))
-        af.output("y", y)
-        for k, part in enumerate(y.locals):
-            af.output(f"part{k}", part)
+        output_with_parts("y", y)
     plan = af.compile(g)
     out = af.run(plan, {"t": T3})
     assert y.sbp == sbp_of(to) and y.shape == T3.shape
     np.testing.assert_allclose(out["y"], T3, **TOL)
     assert collective_ops(plan) == ([collective] if collective else [])
-    want = [T3] + [np.zeros_like(T3)] * (n - 1) if to == "P" else expected_parts(T3, to, n)
-    for k, w in enumerate(want):
-        np.testing.assert_allclose(out[f"part{k}"], w, **TOL)
+    assert_parts(out, [T3] + [np.zeros_like(T3)] * (n - 1) if to == "P" else expected_parts(T3, to, n))
 
 
 # -- chains and other placements ---------------------------------------------------------
@@ -231,16 +231,13 @@ def test_placement_in_another_order():
         x = af.placeholder("v", V.shape, "float64", devices, af.S(0))
         y = af.box(x, af.S(1))
         z = af.box(y, af.B)
-        af.output("y", y)
+        assert [part.device for part in y.locals] == devices
+        output_with_parts("y", y)
         af.output("z", z)
-        for k, part in enumerate(y.locals):
-            assert part.device == devices[k]
-            af.output(f"part{k}", part)
     out = af.run(af.compile(g), {"v": V})
     np.testing.assert_allclose(out["y"], V, **TOL)
     np.testing.assert_allclose(out["z"], V, **TOL)
-    for k, want in enumerate(np.split(V, 3, axis=1)):
-        np.testing.assert_allclose(out[f"part{k}"], want, **TOL)
+    assert_parts(out, np.split(V, 3, axis=1))
 
 
 def test_boxing_on_one_device_needs_no_collective():
