@@ -68,6 +68,14 @@ def compile_random(data, recipe: gs.Recipe):
     return plan
 
 
+def draw_case(data, recipes, most_iterations: int = 5) -> tuple[gs.Recipe, af.Plan, list]:
+    """A random graph compiled by ``compile_random``, and feeds for 1 to ``most_iterations`` iterations."""
+    recipe = data.draw(recipes, label="recipe")
+    plan = compile_random(data, recipe)
+    n = data.draw(st.integers(1, most_iterations), label="iterations")
+    return recipe, plan, gs.make_feeds(recipe, n, data.draw(st.integers(0, 2**16), label="feed seed"))
+
+
 def live(plan: af.Plan, feeds: list[dict]) -> list[dict]:
     """The feeds the plan takes: placeholders no output depends on are compiled away."""
     names = {f.name for f in plan.feeds}
@@ -160,10 +168,7 @@ def probe_actors(plan: af.Plan) -> dict[int, af.plan.Actor]:
 @settings(max_examples=40, **SETTINGS)
 @given(st.data())
 def test_random_graphs_match_numpy(data):
-    recipe = data.draw(gs.recipes(), label="recipe")
-    plan = compile_random(data, recipe)
-    n = data.draw(st.integers(1, 5), label="iterations")
-    feeds = gs.make_feeds(recipe, n, data.draw(st.integers(0, 2**16), label="feed seed"))
+    recipe, plan, feeds = draw_case(data, gs.recipes())
     event(f"{len(recipe.devices)} devices, {len(plan.actors)//5*5}+ actors")
     for kind in {node[0] for node in recipe.nodes}:
         event(f"op {kind}")
@@ -188,10 +193,8 @@ def test_random_graphs_match_numpy(data):
 @settings(max_examples=30, **SETTINGS)
 @given(st.data())
 def test_quota_never_exceeded(data):
-    recipe = data.draw(gs.recipes(probe=True), label="recipe")
-    plan = compile_random(data, recipe)
-    n = data.draw(st.integers(1, 5), label="iterations")
-    feeds = gs.make_feeds(recipe, n, data.draw(st.integers(0, 2**16), label="feed seed"))
+    recipe, plan, feeds = draw_case(data, gs.recipes(probe=True))
+    n = len(feeds)
     gs.reset_probes()
     outs, stats, spans = run_traced(plan, feeds)
     check_outputs(recipe, feeds, outs)
@@ -290,10 +293,8 @@ def test_user_kernel_sees_at_most_quota_buffers(q):
 @settings(max_examples=30, **SETTINGS)
 @given(st.data())
 def test_kernels_run_on_their_stream_thread(data):
-    recipe = data.draw(gs.recipes(probe=True), label="recipe")
-    plan = compile_random(data, recipe)
-    n = data.draw(st.integers(1, 3), label="iterations")
-    feeds = gs.make_feeds(recipe, n, data.draw(st.integers(0, 2**16), label="feed seed"))
+    recipe, plan, feeds = draw_case(data, gs.recipes(probe=True), most_iterations=3)
+    n = len(feeds)
     gs.reset_probes()
     userfns.calls.clear()
     outs, _, spans = run_traced(plan, feeds)
@@ -389,10 +390,8 @@ def check_order(plan: af.Plan, spans, n: int) -> Counter:
 @settings(max_examples=30, **SETTINGS)
 @given(st.data())
 def test_no_consumer_starts_before_its_producer_ended(data):
-    recipe = data.draw(gs.recipes(sleepy=True, max_ops=12), label="recipe")
-    plan = compile_random(data, recipe)
-    n = data.draw(st.integers(1, 5), label="iterations")
-    feeds = gs.make_feeds(recipe, n, data.draw(st.integers(0, 2**16), label="feed seed"))
+    recipe, plan, feeds = draw_case(data, gs.recipes(sleepy=True, max_ops=12))
+    n = len(feeds)
     outs, _, spans = run_traced(plan, feeds)
     check_outputs(recipe, feeds, outs)
     for kind in check_order(plan, spans, n):
