@@ -31,3 +31,8 @@ class FeedError(ActorflowError, ValueError):
 
 class StallError(ActorflowError, RuntimeError):
     """No actor made progress for the stall timeout."""
+
+
+class RankError(ActorflowError, RuntimeError):
+    """Another rank of the run failed or was lost, so this one stopped too: the message
+    names the rank and, for a failure, the actor, stream and iteration where it started."""

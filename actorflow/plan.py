@@ -24,12 +24,19 @@ FORMAT_VERSION = 1
 
 @attrs.frozen
 class Stream:
-    """An in-order queue of kernels: a device's compute or copy stream, or a rank's collective stream."""
+    """An in-order queue of kernels: a device's compute or copy stream, or a rank's
+    collective or communication stream (``device`` is then ``rankN``). ``rank``: the
+    process that runs it.
+
+    A ``comm`` stream is the rank's MPI thread: it starts each send or receive without
+    waiting and reports them as they complete, in any order, so its actors' inputs and
+    outputs are synced at completion, never by events."""
 
     id: int
     name: str
     kind: str
     device: str
+    rank: int = 0
 
 
 @attrs.frozen
@@ -126,6 +133,7 @@ class Collective:
 
     ``seconds``: with link emulation on, the time the collective takes on the emulated
     link; the runtime pads the kernel to last that long after the real data movement.
+    Participants on several ranks run it together as one MPI collective (see ``Plan.ranks``).
     """
 
     id: int
@@ -181,7 +189,11 @@ class Plan:
     ``overlap=False``: collectives act as if they shared their devices' compute streams
     (each waits for the compute queued before it and holds up the compute queued after
     it), the schedule of frameworks with one stream, for comparison; ``micro_batches``:
-    feeds per step (a run takes whole steps; see ``Actor.every``)."""
+    feeds per step (a run takes whole steps; see ``Actor.every``); ``world``: the
+    number of ranks (processes) that run it together, and ``ranks`` the rank of each
+    device (one process holding every device: world 1, every device on rank 0).
+    A register crossing ranks is a ``send`` actor on one rank and a ``recv`` actor on
+    the other; each rank runs only its own devices' actors."""
 
     actors: tuple[Actor, ...]
     registers: tuple[Register, ...]
@@ -195,6 +207,14 @@ class Plan:
     logical: tuple[LogicalTensor, ...] = ()
     overlap: bool = True
     micro_batches: int = 1
+    world: int = 1
+    ranks: dict[str, int] = attrs.Factory(dict)
+
+    def rank_of(self, device: str) -> int:
+        """The rank of a device, or of a rank's own streams (``rankN``)."""
+        if device.startswith("rank"):
+            return int(device[4:])
+        return self.ranks.get(device, 0)
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

@@ -18,6 +18,7 @@ from .fusion import fuse_collectives
 from .link import emulate_links
 from .micro_batches import split_micro_batches
 from .priorities import assign_priorities
+from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
 from .schedules import schedule_quotas
 from .streams import assign_streams
@@ -39,6 +40,7 @@ def compile(
     micro_batches: int = 1,
     stages: Sequence[str | Sequence[str]] | None = None,
     schedule: str | None = None,
+    ranks: Ranks = None,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -60,6 +62,11 @@ def compile(
     stages in order (a device or a list of devices each), so that the registers each
     stage keeps for backward get the schedule's quota (see ``schedules``; ``quotas``
     still override them).
+
+    ranks: the processes the plan runs on, each holding some devices (see
+    ``ranks.place_ranks``): by default as many as the launcher started (one without a
+    launcher), the devices spread over them in order; an int; or a list of the devices
+    of each rank. Every rank compiles the same plan and runs its own devices' actors.
     """
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
@@ -67,6 +74,7 @@ def compile(
     plan = order_updates(plan)
     if fusion:
         plan = fuse_collectives(plan, bucket_first, bucket_cap)
+    plan = split_ranks(plan, *place_ranks(plan_devices(plan), ranks))
     plan = assign_streams(plan)
     plan = order_collectives(plan)
     if link_bandwidth is not None:

@@ -24,8 +24,9 @@ def check(plan: Plan) -> Plan:
         if r.quota < 1:
             raise CompileError(f"register {r.name!r} has quota {r.quota}; it must be >= 1")
     for coll in plan.collectives:
-        if len({plan.actors[a].stream for a in coll.actors}) != 1:
-            raise CompileError(f"the participants of {coll.name!r} are on different streams")
+        streams = {plan.actors[a].stream for a in coll.actors}
+        if len(streams) != len({plan.streams[s].rank for s in streams}):
+            raise CompileError(f"the participants of {coll.name!r} on one rank are on different streams")
     rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
     if len(rates) > 1:
         raise CompileError(

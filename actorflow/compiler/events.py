@@ -11,6 +11,15 @@ order, so nothing queued behind a waiting collective could have run first, and i
 get events whatever feeds it (no round trip through the host before each collective). An
 actor that reads one register twice waits once.
 
+Across ranks nothing waits on an event that only another rank can complete. The
+communication stream starts sends and receives without waiting and finishes them in
+any order, so what it reads and what reads it are synced at completion. In a plan over
+several ranks so are the collective streams' results: a collective launched on one rank
+finishes only once every other rank has joined it, which may take work queued on this
+rank behind a wait for that collective (in one process a launched collective has every
+input it needs). Neither kind counts as a stream that feeds another, since neither
+makes one wait.
+
 Every input guarantees "producer finished before consumer starts", so if producer P
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
 redundant: events live on the transitive reduction of the actor DAG (the idea of
@@ -31,6 +40,7 @@ def insert_events(plan: Plan) -> Plan:
     reach = descendants(data_edges(plan))
     stream = {a.id: a.stream for a in plan.actors}
     ordered = {s.id for s in plan.streams if s.kind == "collective"}
+    at_completion = {s.id for s in plan.streams if s.kind == "comm" or (plan.world > 1 and s.id in ordered)}
     producer_units: dict[int, set[int]] = {}
     host = -1
     sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
@@ -38,13 +48,17 @@ def insert_events(plan: Plan) -> Plan:
         producers = [plan.registers[i.register].producer for i in actor.inputs]
         producers = [p for p in producers if p >= 0]
         producer_units.setdefault(unit[actor.id], set()).update(unit[p] for p in producers)
-        sources[actor.stream].update(stream[p] for p in producers if stream[p] != actor.stream)
+        sources[actor.stream].update(
+            stream[p] for p in producers if stream[p] != actor.stream and stream[p] not in at_completion
+        )
         if actor.kind == "feed":
             sources[actor.stream].add(host)
 
     def sync(actor, producer: int, seen: bool) -> str:
         if producer < 0 or stream[producer] == actor.stream:
             return "stream"
+        if actor.stream in at_completion - ordered or stream[producer] in at_completion:
+            return "completion"
         if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
         others = producer_units[unit[actor.id]] - {unit[producer]}

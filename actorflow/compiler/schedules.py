@@ -55,7 +55,8 @@ def kept_for_backward(plan: Plan) -> list:
 
 
 def crossing_stages(plan: Plan) -> list:
-    """Registers a micro-batch moves between devices in: each copy's inputs and outputs."""
-    copies = [a for a in plan.actors if a.kind == "copy"]
-    ids = {i.register for a in copies for i in a.inputs} | {o for a in copies for o in a.outputs}
+    """Registers a micro-batch moves between devices in: each copy's inputs and outputs
+    (a send's input and a receive's output, across ranks)."""
+    moves = [a for a in plan.actors if a.kind in ("copy", "send", "recv")]
+    ids = {i.register for a in moves for i in a.inputs} | {o for a in moves for o in a.outputs}
     return [plan.registers[r] for r in sorted(ids) if not plan.registers[r].is_parameter]

@@ -12,6 +12,7 @@ in place across devices with the arithmetic of ``kernels.all_reduce`` (the first
 device's copy, then each other device's added in device order, then divided by the
 device count for a mean), so every element comes out bitwise as the unfused all-reduce
 would have it, and each flat register is split back into its device's outputs.
+``across``: as in ``kernels.all_reduce``, for participants on several ranks.
 """
 
 import numpy as np
@@ -19,7 +20,7 @@ import numpy as np
 _REDUCERS = {"sum": np.add, "mean": np.add}
 
 
-def fused_all_reduce(ins, outs, op, members):
+def fused_all_reduce(ins, outs, op, members, across=None):
     devices = len(ins) // members
     stride = members + 1
     flats = [outs[d * stride + members] for d in range(devices)]
@@ -32,8 +33,10 @@ def fused_all_reduce(ins, outs, op, members):
     reduce = _REDUCERS[op]
     for flat in flats[1:]:
         reduce(acc, flat, out=acc)
+    if across is not None:
+        across(acc, op)
     if op == "mean":
-        acc /= devices
+        acc /= devices if across is None else across.participants
     for d, flat in enumerate(flats):
         if d:
             np.copyto(flat, acc)

@@ -150,7 +150,10 @@ def fetch(ins, outs):
 _REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum}
 
 
-def all_reduce(ins, outs, op):
+def all_reduce(ins, outs, op, across=None):
+    """``across``: where the participants span ranks, this rank's participants reduce
+    theirs here first, then ``across(acc, op)`` reduces ``acc`` in place with the other
+    ranks' (their sum or max), and ``across.participants`` counts them all, for a mean."""
     acc = outs[0]
     reduce = _REDUCERS[op]
     if len(ins) == 1:
@@ -159,10 +162,28 @@ def all_reduce(ins, outs, op):
         reduce(ins[0], ins[1], out=acc, dtype=acc.dtype)
     for x in ins[2:]:
         reduce(acc, x, out=acc)
+    if across is not None:
+        across(acc, op)
     if op == "mean":
-        acc /= len(ins)
+        acc /= len(ins) if across is None else across.participants
     for out in outs[1:]:
         np.copyto(out, acc)
+
+
+def send(ins, outs, comm, peer, tag):
+    """Start sending a register to rank ``peer``; returns the MPI request. A synchronous
+    send completes only once the receiver has posted its receive, which it does only
+    with a free buffer: so the receiver's quota bounds what is in flight (a control
+    register sends an empty message, for the order alone)."""
+    return comm.Issend(ins[0] if ins else _NOTHING, dest=peer, tag=tag)
+
+
+def recv(ins, outs, comm, peer, tag):
+    """Start receiving a register from rank ``peer`` into this act's buffer."""
+    return comm.Irecv(outs[0] if outs else _NOTHING, source=peer, tag=tag)
+
+
+_NOTHING = np.zeros(0, np.uint8)
 
 
 def all_gather(ins, outs, axis):

@@ -17,6 +17,7 @@ import trio
 
 from .actor_state import ActorState
 from .executor import StreamExecutor
+from .transport import CommExecutor, Transport
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -106,14 +107,25 @@ class Unit:
 
 
 class Driver:
-    """``ordered``: launch units strictly in list order, round after round (collective stream)."""
+    """``ordered``: launch units strictly in list order, round after round (collective
+    stream); ``transport``: the stream is the rank's communication stream."""
 
     def __init__(
-        self, runtime: Runtime, name: str, units: list[Unit], ordered: bool, token: trio.lowlevel.TrioToken
+        self,
+        runtime: Runtime,
+        name: str,
+        units: list[Unit],
+        ordered: bool,
+        token: trio.lowlevel.TrioToken,
+        transport: Transport | None = None,
     ) -> None:
         self.runtime = runtime
         self.name = name
-        self.executor = StreamExecutor(name, token, self._on_completions)
+        self.executor: StreamExecutor | CommExecutor = (
+            StreamExecutor(name, token, self._on_completions)
+            if transport is None
+            else CommExecutor(name, token, self._on_completions, transport)
+        )
         self.units = units
         self.ordered = ordered
         self.cursor = 0

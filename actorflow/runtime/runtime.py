@@ -5,12 +5,19 @@ per stream, and then serves ``run`` calls. Any failure (a kernel's exception, a 
 cancelled run) stops the streams and is re-raised from ``run`` as the original exception,
 with a note naming the actor, stream and iteration; the Runtime can't run again after it.
 A kernel that never returns can't be stopped: its thread is left behind, with a warning.
+
+A Plan over several ranks (``Plan.world``) runs one Runtime per rank, each on its own
+devices' actors, with the ranks' transport (``transport``) for what crosses them. A
+failure on one rank stops every rank: the others raise a ``RankError`` naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -19,16 +26,18 @@ from typing import Any
 import numpy as np
 import trio
 
-from ..errors import FeedError, StallError
+from ..errors import FeedError, RankError, StallError
 from ..plan import Plan
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
+from .collectives import across_ranks
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 from .logical import assemble, feed_names, split_feeds
 from .stall import wait_for_chain
+from .transport import Transport
 
 Feeds = Mapping[str, Any]
 
@@ -63,6 +72,7 @@ class Runtime:
         self._members: dict[int, Member] = {}
         self._protocol: dict[int, list[int]] = {}
         self._feed_names = feed_names(plan)
+        self._feed_parts = {part: lt.name for lt in plan.logical if lt.kind == "feed" for part in lt.parts}
         self._executors: list[StreamExecutor] = []
         self._drivers: list[Driver] = []
         self._buffers: list[list[np.ndarray]] = []
@@ -77,6 +87,13 @@ class Runtime:
         self._lock = trio.Lock()
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
+        self._transport = Transport(plan.world) if plan.world > 1 else None
+        self.rank = self._transport.rank if self._transport else 0
+        if self._transport is not None and threading.current_thread() is threading.main_thread():
+            # mpiexec -disable-auto-cleanup signals the survivors of a rank that died; the
+            # transport notices the lost rank itself and names it
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
 
     async def __aenter__(self) -> Runtime:
         if self._state != "new":
@@ -84,8 +101,14 @@ class Runtime:
         self._state = "open"
         try:
             self._stack.enter_context(single_threaded_blas())
-            self._build(trio.lowlevel.current_trio_token())
+            token = trio.lowlevel.current_trio_token()
+            if self._transport is not None:
+                await self._transport.connect(_groups(self.plan), _digest(self.plan))
+            self._build(token)
             self._stack.callback(self._stop_threads)
+            if self._transport is not None:
+                self._transport.on_failure = functools.partial(_post, token, self.fail)
+                self._transport.start()
             self._nursery = await self._stack.enter_async_context(trio.open_nursery())
             for driver in self._drivers:
                 self._nursery.start_soon(driver.serve)
@@ -113,18 +136,24 @@ class Runtime:
 
     def _build(self, token: trio.lowlevel.TrioToken) -> None:
         plan = self.plan
+        local = [a for a in plan.actors if plan.rank_of(a.device) == self.rank]
+        mine = {a.id for a in local}
+        held = {r.id for r in plan.registers if plan.rank_of(r.device) == self.rank}
+        held |= {i.register for a in local for i in a.inputs}
         initial = {p.register: p.value for p in plan.parameters}
         self._buffers = [
-            [np.array(initial[r.id], dtype=r.dtype, copy=True)]
+            []
+            if r.id not in held
+            else [np.array(initial[r.id], dtype=r.dtype, copy=True)]
             if r.id in initial
             else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
             for r in plan.registers
         ]
         self._protocol = {
             a.id: [k for k, i in enumerate(a.inputs) if not plan.registers[i.register].is_parameter]
-            for a in plan.actors
+            for a in local
         }
-        for actor in plan.actors:
+        for actor in local:
             periods = [_period(plan, actor, o) for o in actor.outputs]
             state = ActorState(
                 len(self._protocol[actor.id]),
@@ -135,37 +164,49 @@ class Runtime:
             )
             phases = max([p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1)
             self._members[actor.id] = Member(actor, state, phases)
-        for actor in plan.actors:
+        for actor in local:
             self._wire(self._members[actor.id])
 
         groups = {a: coll for coll in plan.collectives for a in coll.actors}
-        units_of_stream: dict[int, list[Unit]] = {s.id: [] for s in plan.streams}
+        streams = [s for s in plan.streams if s.rank == self.rank]
+        units_of_stream: dict[int, list[Unit]] = {s.id: [] for s in streams}
         for coll in plan.collectives:
-            unit = self._add_unit(coll.name, [plan.actors[a] for a in coll.actors], units_of_stream)
+            here = [plan.actors[a] for a in coll.actors if a in mine]
+            if not here:
+                continue
+            unit = self._add_unit(coll.name, here, units_of_stream)
+            if len(here) < len(coll.actors):
+                unit.kernel = across_ranks(plan, coll, self.rank, self._transport)
             if coll.seconds > 0:
                 unit.kernel = functools.partial(_lasting, unit.kernel, coll.seconds)
-        for actor in plan.actors:
+        for actor in local:
             if actor.id not in groups:
                 self._add_unit(actor.name, [actor], units_of_stream)
         for feed in plan.feeds:
-            self._members[feed.actor].unit.feed = feed.name
+            if feed.actor in mine:
+                self._members[feed.actor].unit.feed = feed.name
         for out in plan.outputs:
-            self._members[out.actor].unit.fetch = out.name
+            if out.actor in mine:
+                self._members[out.actor].unit.fetch = out.name
         for unit in self.units:
             unit.finish_wiring()
 
-        for stream in plan.streams:
+        for stream in streams:
             ordered = stream.kind == "collective"
             units = units_of_stream[stream.id]
             if not ordered:
                 units.sort(key=lambda u: u.priority)
-            driver = Driver(self, stream.name, units, ordered, token)
+            transport = self._transport if stream.kind == "comm" else None
+            driver = Driver(self, stream.name, units, ordered, token, transport)
             self._executors.append(driver.executor)
             self._drivers.append(driver)
         if not plan.overlap:
-            compute = {s.device: d.executor for s, d in zip(plan.streams, self._drivers) if s.kind == "compute"}
+            compute = {s.device: d.executor for s, d in zip(streams, self._drivers) if s.kind == "compute"}
             for coll in plan.collectives:
-                unit = self._members[coll.actors[0]].unit
+                here = [a for a in coll.actors if a in mine]
+                if not here:
+                    continue
+                unit = self._members[here[0]].unit
                 devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
                 unit.fences = [compute[d] for d in devices if d in compute]
 
@@ -305,14 +346,16 @@ class Runtime:
     def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream].name
+        on_rank = f" on rank {self.rank}" if self._transport is not None else ""
         exc.add_note(
-            f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r} "
+            f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r}{on_rank} "
             f"at iteration {iteration - self._base} of this run; the op was built at {actor.where}"
         )
         self.fail(exc)
 
     def fail(self, exc: BaseException) -> None:
-        """Stop everything; the waiting ``run`` re-raises ``exc``.
+        """Stop everything; the waiting ``run`` re-raises ``exc``. Over ranks, tell the
+        other ranks (unless the failure came from one of them).
 
         The nursery's cancel scope is not touched: it was opened in ``__aenter__``, so it
         also wraps the caller's own code inside ``async with``. Drivers and the watchdog
@@ -320,6 +363,9 @@ class Runtime:
         """
         if self._error is None:
             self._error = exc
+            if self._transport is not None and not isinstance(exc, RankError):
+                notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
+                self._transport.announce(f"rank {self.rank} failed: {type(exc).__name__}: {exc}{notes}")
         for executor in self._executors:
             executor.close()
         self._done.set()
@@ -337,11 +383,16 @@ class Runtime:
     def _stop_threads(self, grace: float = 10.0) -> None:
         for executor in self._executors:
             executor.close()
+        if self._transport is not None:
+            self._transport.close()
         deadline = time.monotonic() + grace
-        for executor in self._executors:
-            if executor.thread.is_alive():
-                executor.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        stuck = [e.name for e in self._executors if e.thread.is_alive()]
+        threads = [e.thread for e in self._executors]
+        if self._transport is not None and self._transport.thread.ident is not None:
+            threads.append(self._transport.thread)
+        for thread in threads:
+            if thread.is_alive():
+                thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        stuck = [t.name for t in threads if t.is_alive()]
         if stuck:
             warnings.warn(
                 f"stream threads {stuck} are still in a kernel {grace:.0f} s after the runtime closed; "
@@ -398,9 +449,13 @@ class Runtime:
 
     def parameters(self) -> dict[str, np.ndarray]:
         """The current value of every model parameter, by name (copies; no optimizer state;
-        a parameter on several devices as one logical array)."""
+        a parameter on several devices as one logical array). Over ranks: this rank's
+        devices' parameters (a logical one only where this rank holds all its parts)."""
+        plan = self.plan
         values = {
-            p.name: self._buffers[p.register][0].copy() for p in self.plan.parameters if not p.state
+            p.name: self._buffers[p.register][0].copy()
+            for p in plan.parameters
+            if not p.state and plan.rank_of(plan.registers[p.register].device) == self.rank
         }
         return assemble(self.plan.logical, "parameter", values)
 
@@ -414,22 +469,28 @@ class Runtime:
         return stats
 
     def _check_feeds(self, feeds: Any, iteration: int | None) -> dict[str, np.ndarray]:
+        """This rank's feeds, checked: each placeholder of its devices must be given, by its
+        own name or, for a part of a logical feed, by the logical name (split here). Feeds
+        of other ranks' devices are accepted and left alone."""
         where = "" if iteration is None else f"iteration {iteration}: "
         if not isinstance(feeds, Mapping):
             raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
-        expected = self._feed_names
-        missing = sorted(expected - set(feeds))
-        extra = sorted(set(feeds) - expected)
+        parts = self._feed_parts
+        absent = [name for name in self._local_feeds if name not in feeds and parts.get(name) not in feeds]
+        missing = sorted({parts.get(name, name) for name in absent})
+        extra = sorted(set(feeds) - self._feed_names - parts.keys())
         if missing or extra:
             raise FeedError(
                 f"{where}feeds do not match the placeholders: missing {missing}, unknown {extra} "
-                f"(expected {sorted(expected)})"
+                f"(expected {sorted(self._feed_names)})"
             )
+        wanted = {parts.get(name, name) for name in self._local_feeds if name not in feeds}
+        split = split_feeds(self.plan, {k: v for k, v in feeds.items() if k in wanted}, where)
         specs = {f.name: f for f in self.plan.feeds}
         arrays = {}
-        for name, value in split_feeds(self.plan, feeds, where).items():
+        for name in self._local_feeds:
             spec = specs[name]
-            array = np.asarray(value)
+            array = np.asarray(feeds[name] if name in feeds else split[name])
             if array.shape != spec.shape or array.dtype.name != spec.dtype:
                 raise FeedError(
                     f"{where}feed {name!r} is {array.dtype.name}{list(array.shape)}, "
@@ -465,6 +526,28 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     if rest > 0:
         time.sleep(rest)
     return result
+
+
+def _groups(plan: Plan) -> list[tuple[int, ...]]:
+    """The groups of ranks that run collectives together, in plan order."""
+    groups = (tuple(sorted({plan.rank_of(plan.actors[a].device) for a in c.actors})) for c in plan.collectives)
+    return list(dict.fromkeys(g for g in groups if len(g) > 1))
+
+
+def _digest(plan: Plan) -> bytes:
+    """What every rank's plan must agree on: its structure and its parameters' values."""
+    h = hashlib.sha256(plan.summary().encode())
+    for p in plan.parameters:
+        h.update(np.ascontiguousarray(p.value).tobytes())
+    return h.digest()
+
+
+def _post(token: trio.lowlevel.TrioToken, fn: Any, *args: Any) -> None:
+    """Call ``fn(*args)`` on the trio thread, from any thread, unless the run has ended."""
+    try:
+        token.run_sync_soon(fn, *args)
+    except trio.RunFinishedError:
+        pass
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:

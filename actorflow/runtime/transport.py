@@ -1,0 +1,285 @@
+"""The transport between ranks: one thread per process makes every MPI call of that process.
+
+Stream threads and the trio thread never call MPI. They hand the transport thread a
+function that starts a nonblocking operation (``Issend``, ``Irecv``, ``Iallreduce``...)
+and a callback for its completion. The thread starts what it is handed in order, polls
+the requests in flight and runs the callbacks of those that completed, then sleeps a
+back-off that doubles while nothing happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``) and is
+cut short by new work. MPICH busy-polls inside blocking calls: a thread blocked in one
+would take one of the cores the streams need.
+
+Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
+completions go back to trio in one batch per poll, as a stream's do), and collectives
+over ranks (``call``: the collective stream's thread waits, off MPI, until its collective
+completed).
+
+Failures reach every rank. On a control communicator of their own, ranks tell each
+other when they fail (the error's text) and when they leave normally, and send a
+heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from for
+``LOST_AFTER`` s is lost. Either way ``on_failure`` gets a ``RankError``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from ..errors import RankError
+
+MIN_BACKOFF = 20e-6
+MAX_BACKOFF = 1e-3
+HEARTBEAT = 0.5
+LOST_AFTER = 3.0
+LEAVE_WAIT = 1.0
+NOTICE_BYTES = 1 << 16
+FAILED, BEAT, BYE = 1, 2, 3
+
+Done = Callable[[BaseException | None], None]
+
+
+def mpi() -> Any:
+    """mpi4py's MPI module (initializing MPI), or a RankError saying how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RankError(
+            "a plan over several ranks runs on MPI: pip install mpi4py mpich (or 'actorflow[test]')"
+        ) from e
+    return MPI
+
+
+class Transport:
+    """``await connect(...)``, then ``start()``; ``close()`` when done (or failed)."""
+
+    def __init__(self, world: int) -> None:
+        self.MPI = mpi()
+        comm = self.MPI.COMM_WORLD
+        self.rank, size = comm.Get_rank(), comm.Get_size()
+        if size != world:
+            raise RankError(
+                f"this plan runs on {world} ranks, but this process is one of {size}: start it with "
+                f"`actorflow launch -n {world} -- COMMAND` (or mpiexec -n {world}), or compile it for {size}"
+            )
+        self.peers = [r for r in range(world) if r != self.rank]
+        self.data: Any = None
+        self.control: Any = None
+        self.groups: dict[tuple[int, ...], Any] = {}
+        self.on_failure: Callable[[RankError], None] = lambda exc: None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._failed = False
+        self._dirty: set[CommExecutor] = set()
+        self.thread = threading.Thread(target=self._loop, name=f"rank{self.rank}/transport", daemon=True)
+
+    async def connect(self, groups: Sequence[tuple[int, ...]], digest: bytes) -> None:
+        """Meet every other rank: communicators for the data, the control messages and each
+        group of ranks that runs collectives together, and a check that all ranks hold
+        the same plan. Every rank opens its Runtimes in the same order."""
+        MPI = self.MPI
+        await _completion(MPI.COMM_WORLD.Ibarrier())
+        self.data = MPI.COMM_WORLD.Dup()
+        self.control = MPI.COMM_WORLD.Dup()
+        for group in groups:
+            comm = self.data.Split(0 if self.rank in group else MPI.UNDEFINED, self.rank)
+            if self.rank in group:
+                self.groups[group] = comm
+        digests = self.control.allgather(digest)
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        if odd:
+            raise RankError(
+                f"ranks {odd} hold another plan than rank 0: every rank must build the same graph "
+                "(same parameter values too) and compile it with the same options"
+            )
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, start: Callable[[], Any], done: Done | None) -> None:
+        """Run ``start()`` (which returns an MPI request) on the transport thread, then
+        ``done(error or None)`` there once the request completed."""
+        self._queue.put((start, done))
+
+    def call(self, start: Callable[[], Any]) -> None:
+        """Run an operation and wait for it, off MPI, on the calling (stream) thread."""
+        finished = threading.Event()
+        errors: list[BaseException | None] = []
+
+        def done(error: BaseException | None) -> None:
+            errors.append(error)
+            finished.set()
+
+        self.submit(start, done)
+        while not finished.wait(0.2):
+            if self._closed:
+                raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
+        if errors[0] is not None:
+            raise errors[0]
+
+    def announce(self, text: str) -> None:
+        """Tell every other rank this one failed, with ``text``; at most once."""
+        if self._failed:
+            return
+        self._failed = True
+        notice = text.encode()[:NOTICE_BYTES]
+        self.submit(lambda: [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers], None)
+
+    def close(self) -> None:
+        """Stop after what was handed over so far (a failure notice included); says goodbye
+        to the other ranks unless this one failed."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+
+    def mark_dirty(self, executor: CommExecutor) -> None:
+        self._dirty.add(executor)
+
+    # -- the thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        MPI = self.MPI
+        live: list[tuple[Any, Done | None]] = []
+        notice = bytearray(NOTICE_BYTES)
+        status = MPI.Status()
+        listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        heard = dict.fromkeys(self.peers, time.monotonic())
+        left: set[int] = set()
+        next_beat = 0.0
+        backoff = MIN_BACKOFF
+        carried: list = []
+        try:
+            while True:
+                busy = False
+                for item in _drain(self._queue, carried):
+                    if item is None:
+                        self._leave(live, listen)
+                        return
+                    busy = True
+                    start, done = item
+                    try:
+                        started = start()
+                    except Exception as exc:  # noqa: BLE001 - the caller hears of it
+                        if done is None:
+                            raise
+                        done(exc)
+                        continue
+                    for request in started if isinstance(started, list) else [started]:
+                        live.append((request, done))
+                if live:
+                    finished = MPI.Request.Testsome([r for r, _ in live]) or []
+                    if finished:
+                        busy = True
+                        finished_set = set(finished)
+                        for k in finished:
+                            done = live[k][1]
+                            if done is not None:
+                                done(None)
+                        live = [x for k, x in enumerate(live) if k not in finished_set]
+                        for executor in self._dirty:
+                            executor.flush()
+                        self._dirty.clear()
+                now = time.monotonic()
+                while listen.Test(status):
+                    source, tag = status.Get_source(), status.Get_tag()
+                    heard[source] = now
+                    if tag == FAILED:
+                        self._fail(RankError(bytes(notice[: status.Get_count()]).decode(errors="replace")))
+                    elif tag == BYE:
+                        left.add(source)
+                    listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+                if now >= next_beat:
+                    live.extend((self.control.Isend(b"", dest=p, tag=BEAT), None) for p in self.peers if p not in left)
+                    next_beat = now + HEARTBEAT
+                for peer in self.peers:
+                    if peer not in left and now - heard[peer] > LOST_AFTER:
+                        self._fail(RankError(
+                            f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
+                            "(its process died or hangs, or its host is unreachable)"
+                        ))
+                        left.add(peer)
+                backoff = MIN_BACKOFF if busy else min(2 * backoff, MAX_BACKOFF)
+                try:
+                    carried.append(self._queue.get(timeout=backoff))
+                except queue.Empty:
+                    pass
+        except MPI.Exception as exc:
+            self._fail(RankError(f"rank {self.rank}: MPI failed: {exc}"))
+
+    def _fail(self, exc: RankError) -> None:
+        if not self._failed:
+            self._failed = True
+            self.on_failure(exc)
+
+    def _leave(self, live: list, listen: Any) -> None:
+        """Say goodbye (unless failed), give what is in flight a moment, and stop listening."""
+        if not self._failed:
+            live.extend((self.control.Isend(b"", dest=p, tag=BYE), None) for p in self.peers)
+        deadline = time.monotonic() + LEAVE_WAIT
+        pending = [r for r, _ in live]
+        while pending and time.monotonic() < deadline and not self.MPI.Request.Testall(pending):
+            time.sleep(MAX_BACKOFF)
+        listen.Cancel()
+
+
+class CommExecutor:
+    """The communication stream of a rank: sends and receives started on the transport
+    thread, completing in any order. It looks like a ``StreamExecutor`` to the driver
+    (``submit``, ``close``, ``submitted``, ``done``, ``running``, ``thread``); its kernels
+    are ``kernel(ins, outs, comm)`` returning the MPI request."""
+
+    def __init__(self, name: str, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None], transport: Transport) -> None:
+        self.name = name
+        self._token = token
+        self._deliver = deliver
+        self._transport = transport
+        self._batch: list = []
+        self.submitted = 0
+        self.done = 0
+        self.running = None
+        self.thread = transport.thread
+
+    def start(self) -> None:
+        """The transport's thread is started by the runtime, once for every user."""
+
+    def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any, urgent: bool) -> int:
+        self.submitted += 1
+        began = time.perf_counter()
+
+        def done(error: BaseException | None) -> None:
+            self.done += 1
+            self._batch.append((ctx, error, began, time.perf_counter(), error is None, None))
+            self._transport.mark_dirty(self)
+
+        self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done)
+        return self.submitted
+
+    def flush(self) -> None:
+        batch, self._batch = self._batch, []
+        try:
+            self._token.run_sync_soon(self._deliver, batch)
+        except trio.RunFinishedError:
+            pass
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+def _drain(q: queue.SimpleQueue, carried: list) -> list:
+    items, carried[:] = list(carried), []
+    while True:
+        try:
+            items.append(q.get_nowait())
+        except queue.Empty:
+            return items
+
+
+async def _completion(request: Any) -> None:
+    """Wait for an MPI request from trio, polling with back-off (no thread spins in MPI)."""
+    backoff = MIN_BACKOFF
+    while not request.Test():
+        await trio.sleep(backoff)
+        backoff = min(2 * backoff, 0.01)

@@ -1,0 +1,40 @@
+"""Which rank this process is and how many there are, as the launcher says.
+
+A leaf module: the compiler reads it for its default number of ranks, the training run
+to let rank 0 alone report; the runtime checks it against MPI itself. Launchers name
+the rank in different variables: MPICH's hydra ``PMI_RANK``/``PMI_SIZE``, Open MPI
+``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``, Slurm ``SLURM_PROCID``/``SLURM_NTASKS``,
+torchrun ``RANK``/``WORLD_SIZE``. Without a launcher: rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import os
+
+_VARIABLES = (
+    ("PMI_RANK", "PMI_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+    ("RANK", "WORLD_SIZE"),
+)
+
+
+def launched() -> tuple[int, int]:
+    """(rank, world size) from the launcher's environment; (0, 1) without one."""
+    for rank, size in _VARIABLES:
+        if rank in os.environ and size in os.environ:
+            try:
+                return int(os.environ[rank]), int(os.environ[size])
+            except ValueError:
+                raise ValueError(
+                    f"the launcher's {rank}={os.environ[rank]!r} and {size}={os.environ[size]!r} are not integers"
+                ) from None
+    return 0, 1
+
+
+def world_size() -> int:
+    return launched()[1]
+
+
+def this_rank() -> int:
+    return launched()[0]
