@@ -128,7 +128,7 @@ def summarize(
 ) -> TraceSummary:
     """The metrics of a Chrome trace (see the module's docstring for what each one measures).
 
-    stages: the devices (process names) of the pipeline stages, in stage order; None: read
+    stages: the devices (``cpu:0``, ...) of the pipeline stages, in stage order; None: read
     stages from the kernels' ``args["stage"]``.
     """
     return summarize_parsed(parse(trace_json), stages)
@@ -220,9 +220,9 @@ def _bubbles(
     trace: Trace, busy: list[list[Interval]], stages: Sequence[str] | None
 ) -> tuple[int, tuple[StageBubble, ...]]:
     compute = [i for i, t in enumerate(trace.tracks) if t.kind == "compute"]
-    rows: list[tuple[int | str, str, int | None]] = []  # (stage, process, compute track)
+    rows: list[tuple[int | str, str, int | None]] = []  # (stage, device, compute track)
     if stages is not None:
-        on = {trace.tracks[i].process: i for i in compute}
+        on = {trace.tracks[i].device: i for i in compute}
         rows = [(k, device, on.get(device)) for k, device in enumerate(stages)]
     else:
         for i in compute:
@@ -230,7 +230,7 @@ def _bubbles(
                 s.args["stage"] for s in trace.spans if s.track == i and not s.is_wait and "stage" in s.args
             )
             if labels:
-                rows.append((labels.most_common(1)[0][0], trace.tracks[i].process, i))
+                rows.append((labels.most_common(1)[0][0], trace.tracks[i].device, i))
         rows.sort(key=lambda r: (sort_key(r[0]), r[1]))
     tracks = {i for _, _, i in rows if i is not None}
     steps: dict[Any, dict[int, list[Interval]]] = {}

@@ -14,19 +14,25 @@ from typing import Any
 
 import attrs
 
-from .recorder import WAIT
+from .recorder import STREAM_KINDS, WAIT
 
-STREAM_KINDS = ("compute", "copy", "collective")
 COPY_CATEGORIES = frozenset({"copy", "feed", "fetch"})
 
 
 @attrs.frozen
 class Track:
-    """One stream. kind: compute, copy, collective or other (see ``_kind``)."""
+    """One stream. kind: compute, copy, collective, comm or other (see ``_kind``)."""
 
     process: str
     thread: str
     kind: str
+
+    @property
+    def device(self) -> str:
+        """The device of a stream named ``device/kind`` (``cpu:0/compute``), else the process:
+        the same in a one-process trace, where a merged trace's process is its rank."""
+        device, _, kind = self.thread.rpartition("/")
+        return device if device and kind in STREAM_KINDS else self.process
 
 
 @attrs.frozen

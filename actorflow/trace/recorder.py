@@ -16,7 +16,11 @@ metrics read these (all optional):
   identify the span as a producer.
 - ``inputs``: ``[[producer_actor, producer_act], ...]`` the acts whose registers this span
   read. Each one recorded on another track becomes a flow arrow producer -> consumer;
-  ``inputs`` itself is left out of the exported args.
+  ``inputs`` itself is left out of the exported args, except in a rank's trace.
+
+A rank's trace (``Recorder(rank=r)``, one per process of a multi-rank run) also carries
+``"otherData": {"rank": r, "origin_unix": ...}``, the unix time of its ts 0, and keeps
+``inputs``, so that ``merge`` can put the ranks on one timeline and draw flows between them.
 
 A span of category ``"wait"`` is time a stream spent waiting on an event: it is exported
 like any other span, on the waiting stream's track, and metrics treat it as idle time.
@@ -27,12 +31,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import attrs
 
 WAIT = "wait"
+STREAM_KINDS = ("compute", "copy", "collective", "comm")  # a stream's name ends in /KIND
 _FLOW = {"name": "dataflow", "cat": "flow"}
 
 
@@ -52,12 +58,19 @@ class Recorder:
 
     iterations: record only spans whose ``args["iteration"]`` is in it (None: all), so that
     long runs give traces that stay small enough to open.
+    rank: the rank whose spans these are, in a multi-rank run (None: a one-process run).
+    A rank's span times must be ``time.perf_counter()`` seconds, whose offset to unix time
+    is taken here, once, to export the trace's origin in unix time.
     """
 
-    def __init__(self, enabled: bool = False, iterations: Collection[int] | None = None) -> None:
+    def __init__(
+        self, enabled: bool = False, iterations: Collection[int] | None = None, rank: int | None = None
+    ) -> None:
         self.enabled = enabled
         self.iterations = None if iterations is None else frozenset(iterations)
+        self.rank = rank
         self.spans: list[Span] = []
+        self._unix_offset = time.time() - time.perf_counter()
 
     def add(
         self, process: str, thread: str, name: str, category: str, start: float, end: float, args: dict
@@ -73,27 +86,41 @@ class Recorder:
         return [s for s in self.spans if s.category != WAIT]
 
     def to_chrome(self) -> dict[str, Any]:
-        """Chrome trace JSON: named and ordered process and thread tracks, one complete event
-        per span (µs from the first span), and flow events for cross-track inputs."""
-        spans = sorted(self.spans, key=lambda s: (s.start, s.end))
-        origin = spans[0].start if spans else 0.0
-        pids, tids = _tracks(spans)
-        events = _metadata(pids, tids)
-        outgoing, incoming = _flows(spans)
-        for i, s in enumerate(spans):
-            ts = _us(s.start - origin)
-            dur = round(_us(s.end - origin) - ts, 3)
-            at = {"ts": ts, "pid": pids[s.process], "tid": tids[(s.process, s.thread)]}
-            args = {k: v for k, v in s.args.items() if k != "inputs"}
-            events.append({"ph": "X", "name": s.name, "cat": s.category, "dur": dur, **at, "args": args})
-            # flow events sit at the start of their slice, so each one binds to it
-            events.extend({"ph": "s", "id": flow, **at, **_FLOW} for flow in outgoing.get(i, ()))
-            events.extend({"ph": "f", "bp": "e", "id": flow, **at, **_FLOW} for flow in incoming.get(i, ()))
-        return {"traceEvents": events, "displayTimeUnit": "ms"}
+        """``chrome_trace`` of the spans; a rank's trace adds its rank and origin and keeps inputs."""
+        if self.rank is None:
+            return chrome_trace(self.spans)
+        trace = chrome_trace(self.spans, keep_inputs=True)
+        trace["otherData"] = {"rank": self.rank, "origin_unix": _origin(self.spans) + self._unix_offset}
+        return trace
 
     def write(self, path: str | os.PathLike) -> None:
-        with open(path, "w") as f:
-            json.dump(self.to_chrome(), f, separators=(",", ":"), default=_plain)
+        write_chrome(self.to_chrome(), path)
+
+
+def chrome_trace(spans: Iterable[Span], keep_inputs: bool = False) -> dict[str, Any]:
+    """Chrome trace JSON: named and ordered process and thread tracks, one complete event
+    per span (µs from the first span), and flow events for cross-track inputs."""
+    spans = sorted(spans, key=lambda s: (s.start, s.end))
+    origin = _origin(spans)
+    pids, tids = _tracks(spans)
+    events = _metadata(pids, tids)
+    outgoing, incoming = _flows(spans)
+    for i, s in enumerate(spans):
+        ts = _us(s.start - origin)
+        dur = round(_us(s.end - origin) - ts, 3)
+        at = {"ts": ts, "pid": pids[s.process], "tid": tids[(s.process, s.thread)]}
+        args = s.args if keep_inputs else {k: v for k, v in s.args.items() if k != "inputs"}
+        events.append({"ph": "X", "name": s.name, "cat": s.category, "dur": dur, **at, "args": args})
+        # flow events sit at the start of their slice, so each one binds to it
+        events.extend({"ph": "s", "id": flow, **at, **_FLOW} for flow in outgoing.get(i, ()))
+        events.extend({"ph": "f", "bp": "e", "id": flow, **at, **_FLOW} for flow in incoming.get(i, ()))
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome(trace: dict[str, Any], path: str | os.PathLike) -> None:
+    """Compact JSON, numpy scalars in args as plain numbers."""
+    with open(path, "w") as f:
+        json.dump(trace, f, separators=(",", ":"), default=_plain)
 
 
 def parse_iterations(text: str) -> frozenset[int]:
@@ -107,9 +134,14 @@ def parse_iterations(text: str) -> frozenset[int]:
     return frozenset(selected)
 
 
+def _origin(spans: Iterable[Span]) -> float:
+    """The time of ts 0: the first span's start."""
+    return min((s.start for s in spans), default=0.0)
+
+
 def _tracks(spans: list[Span]) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-    """pid per process (devices first, then ranks' collective streams), tid per (process,
-    thread) (compute, copy, collective streams in that order): the display order."""
+    """pid per process (devices first, then ranks' streams), tid per (process, thread)
+    (compute, copy, collective, comm streams in that order): the display order."""
     pids: dict[str, int] = {}
     for process in sorted({s.process for s in spans}, key=_process_order):
         pids[process] = len(pids)
@@ -150,9 +182,8 @@ def _process_order(process: str) -> tuple:
 
 
 def _thread_order(thread: str) -> tuple:
-    kinds = ("compute", "copy", "collective")
     kind = thread.rsplit("/", 1)[-1]
-    return (kinds.index(kind) if kind in kinds else len(kinds), _natural(thread))
+    return (STREAM_KINDS.index(kind) if kind in STREAM_KINDS else len(STREAM_KINDS), _natural(thread))
 
 
 def _flows(spans: list[Span]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
