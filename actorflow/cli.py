@@ -44,7 +44,11 @@ def parser() -> argparse.ArgumentParser:
         help="train the model a YAML config describes, pipelined over its stages",
         description="Train the run CONFIG describes (see configs/): a progress bar with the loss, "
         "then a table of samples/s, measured pipeline bubble per stage beside the theory "
-        "(p-1)/(m+p-1), peak activations held per stage and planned memory per device.",
+        "(p-1)/(m+p-1), peak activations held per stage and planned memory per device. "
+        "Under a launcher (actorflow launch -n 2 -- actorflow run CONFIG) the devices are "
+        "spread over the ranks in order, one rank per stage replica when the counts match; "
+        "rank 0 shows the progress and the report and writes --metrics, every rank writes "
+        "its own trace (NAME.rankR.json) and rank 0 the merged one.",
     )
     _config_arguments(run)
     run.add_argument("--steps", type=_positive, help="override train.steps")
@@ -67,6 +71,40 @@ def parser() -> argparse.ArgumentParser:
         "events; collective order; planned memory per device",
     )
     view.add_argument("--dot", action="store_true", help="the actor graph as Graphviz text, streams as clusters")
+    launch = sub.add_parser(
+        "launch",
+        help="start N ranks of a command with MPICH's mpiexec, on this machine by default",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Start N ranks of COMMAND with the mpiexec of the mpich wheel (pip install mpi4py mpich).
+
+By default every rank runs on this machine, over loopback only:
+  mpiexec -launcher fork -iface lo -host localhost -disable-auto-cleanup -n N COMMAND
+with UCX_TLS=self,sm and UCX_NET_DEVICES=lo unless they are set already.
+-disable-auto-cleanup lets the other ranks report a lost peer instead of being killed.
+Each rank's lines are prefixed with [rank]; the exit status is the worst rank's (128+N
+for one killed by signal N). Ctrl-C and SIGTERM are passed on to the ranks, and what
+is left 3 s later is killed. stdin is not passed on.
+
+examples:
+  actorflow launch -n 2 -- actorflow run configs/2x2.yaml
+  actorflow launch -n 4 --hostfile hosts -- actorflow run configs/2x2.yaml
+      across machines: hosts holds one 'host[:slots]' a line
+  mpiexec -n 2 actorflow run configs/2x2.yaml
+      plain mpiexec -n N works too, without the prefixes, the exit status and the cleanup""",
+    )
+    launch.add_argument("-n", dest="ranks", metavar="N", type=_positive, required=True, help="number of ranks")
+    launch.add_argument(
+        "--hostfile", metavar="FILE",
+        help="run across the hosts listed there (mpiexec -f FILE) instead of the loopback defaults",
+    )
+    launch.add_argument(
+        "--mpiexec-arg", dest="mpiexec_args", metavar="ARG", action="append", default=[],
+        help="pass ARG to mpiexec, e.g. --mpiexec-arg=-verbose (repeatable)",
+    )
+    launch.add_argument(
+        "argv", metavar="COMMAND", nargs=argparse.REMAINDER, help="the command each rank runs, after an optional --"
+    )
     add_trace_commands(sub)
     return p
 
@@ -97,12 +135,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"actorflow {args.command}: error: {err}", file=sys.stderr)
             return 2
         return _run(config, args) if args.command == "run" else _compile(config, args)
+    if args.command == "launch":
+        return _launch(args)
     if args.command == "trace":
         from .trace.cli import run as trace
 
         return trace(args)
     parser().print_help()
     return 2
+
+
+def _launch(args) -> int:
+    from .launch import MpiexecNotFound, launch
+
+    command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not command:
+        print(
+            "actorflow launch: error: give the COMMAND each rank runs, "
+            "e.g. actorflow launch -n 2 -- actorflow run configs/2x2.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        return launch(args.ranks, command, hostfile=args.hostfile, extra=args.mpiexec_args)
+    except MpiexecNotFound as err:
+        print(f"actorflow launch: error: {err}", file=sys.stderr)
+        return 2
 
 
 def _compile(config, args) -> int:
@@ -119,21 +177,25 @@ def _run(config, args) -> int:
 
     from .training import train
     from .training.report import metrics, table
+    from .world import this_rank
 
     trace = args.trace or config.output.trace
     metrics_path = args.metrics or config.output.metrics
-    bar = tqdm(total=config.train.steps, unit="step", disable=args.quiet, file=sys.stderr)
+    quiet = args.quiet or this_rank() != 0
+    bar = tqdm(total=config.train.steps, unit="step", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
 
     def on_step(step: int, loss: float) -> None:
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}")
-        if not args.quiet and (step + 1) % config.train.log_every == 0:
+        if not quiet and (step + 1) % config.train.log_every == 0:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
     try:
         result = train(config, on_step, trace)
     finally:
         bar.close()
+    if this_rank() != 0:
+        return 0
     print(table(config, result))
     if trace:
         print(f"trace written to {trace}")

@@ -67,3 +67,15 @@ def slow_half(a):
 def sleep_20ms(a):
     time.sleep(0.02)
     return a
+
+
+def fail_on_five(a):
+    """Identity, except for an input whose first element is 5: that raises."""
+    if a.flat[0] == 5:
+        raise ValueError("user kernel failed on the input 5")
+    return a
+
+
+def nap(a):
+    time.sleep(0.01)
+    return a

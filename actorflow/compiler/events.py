@@ -13,7 +13,8 @@ actor that reads one register twice waits once.
 
 Across ranks nothing waits on an event that only another rank can complete. The
 communication stream starts sends and receives without waiting and finishes them in
-any order, so what it reads and what reads it are synced at completion. In a plan over
+any order, so what it reads (even from itself) and what reads it are synced at
+completion. In a plan over
 several ranks so are the collective streams' results: a collective launched on one rank
 finishes only once every other rank has joined it, which may take work queued on this
 rank behind a wait for that collective (in one process a launched collective has every
@@ -40,7 +41,8 @@ def insert_events(plan: Plan) -> Plan:
     reach = descendants(data_edges(plan))
     stream = {a.id: a.stream for a in plan.actors}
     ordered = {s.id for s in plan.streams if s.kind == "collective"}
-    at_completion = {s.id for s in plan.streams if s.kind == "comm" or (plan.world > 1 and s.id in ordered)}
+    comm = {s.id for s in plan.streams if s.kind == "comm"}
+    at_completion = comm | (ordered if plan.world > 1 else set())
     producer_units: dict[int, set[int]] = {}
     host = -1
     sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
@@ -55,10 +57,12 @@ def insert_events(plan: Plan) -> Plan:
             sources[actor.stream].add(host)
 
     def sync(actor, producer: int, seen: bool) -> str:
-        if producer < 0 or stream[producer] == actor.stream:
+        if producer < 0:
             return "stream"
-        if actor.stream in at_completion - ordered or stream[producer] in at_completion:
+        if actor.stream in comm or (stream[producer] in at_completion and stream[producer] != actor.stream):
             return "completion"
+        if stream[producer] == actor.stream:
+            return "stream"
         if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
         others = producer_units[unit[actor.id]] - {unit[producer]}

@@ -66,7 +66,6 @@ class Runtime:
         self.actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._state = "new"
         self.stall_timeout = stall_timeout
-        self.recorder = Recorder(enabled=trace, iterations=trace_iterations)
         self.progress = 0
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
@@ -93,6 +92,8 @@ class Runtime:
             # mpiexec -disable-auto-cleanup signals the survivors of a rank that died; the
             # transport notices the lost rank itself and names it
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None)
+        self._sends = {a.attrs["tag"]: a for a in plan.actors if a.kind == "send"}
         self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
 
     async def __aenter__(self) -> Runtime:
@@ -338,6 +339,8 @@ class Runtime:
             for spec in member.inputs
             if spec.param is None
         ]
+        if actor.kind == "recv":  # its act n receives the send's act n, on another rank
+            args["inputs"].append([self._sends[actor.attrs["tag"]].name, act])
         if waited is not None:
             wait_args = {"iteration": args["iteration"], "for": waited[2]}
             self.recorder.add(stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args)

@@ -99,6 +99,11 @@ class Session:
         return self._call(self._runtime.register_stats)
 
     @property
+    def rank(self) -> int:
+        """This process's rank in the plan's run (0 in one process)."""
+        return self._runtime.rank
+
+    @property
     def recorder(self) -> Recorder:
         return self._runtime.recorder
 

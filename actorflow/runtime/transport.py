@@ -17,11 +17,18 @@ Failures reach every rank. On a control communicator of their own, ranks tell ea
 other when they fail (the error's text) and when they leave normally, and send a
 heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from for
 ``LOST_AFTER`` s is lost. Either way ``on_failure`` gets a ``RankError``.
+
+A process whose run failed over ranks exits with status 1 at interpreter exit without
+finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
+survivor of a killed rank was seen to hang there for good).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -125,6 +132,7 @@ class Transport:
         if self._failed:
             return
         self._failed = True
+        _exit_unfinalized()
         notice = text.encode()[:NOTICE_BYTES]
         self.submit(lambda: [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers], None)
 
@@ -212,6 +220,7 @@ class Transport:
     def _fail(self, exc: RankError) -> None:
         if not self._failed:
             self._failed = True
+            _exit_unfinalized()
             self.on_failure(exc)
 
     def _leave(self, live: list, listen: Any) -> None:
@@ -268,6 +277,23 @@ class CommExecutor:
         self._transport.close()
 
 
+_exiting = False
+
+
+def _exit_unfinalized() -> None:
+    """At interpreter exit, leave with status 1 before MPI is finalized (see the module)."""
+    global _exiting
+    if not _exiting:
+        _exiting = True
+        atexit.register(_leave_now)
+
+
+def _leave_now() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def _drain(q: queue.SimpleQueue, carried: list) -> list:
     items, carried[:] = list(carried), []
     while True:
@@ -283,3 +309,17 @@ async def _completion(request: Any) -> None:
     while not request.Test():
         await trio.sleep(backoff)
         backoff = min(2 * backoff, 0.01)
+
+
+def gather(obj: Any) -> list | None:
+    """Every rank's ``obj`` on rank 0 (None on the others), for a run's final report.
+
+    Called by every rank, outside a Runtime. The ranks first meet at a barrier polled with
+    back-off, so no rank spins in MPI while waiting for a slower one."""
+    MPI = mpi()
+    request = MPI.COMM_WORLD.Ibarrier()
+    backoff = MIN_BACKOFF
+    while not request.Test():
+        time.sleep(backoff)
+        backoff = min(2 * backoff, 0.01)
+    return MPI.COMM_WORLD.gather(obj, root=0)

@@ -17,13 +17,26 @@ def synthetic_classification(config: Config) -> tuple[np.ndarray, np.ndarray]:
     return x.astype(config.model.dtype), labels.astype(np.int64)
 
 
-def step_feeds(config: Config, data: tuple[np.ndarray, np.ndarray], step: int) -> list[dict[str, np.ndarray]]:
+Part = tuple[str, int, int]
+
+
+def step_feeds(
+    config: Config, data: tuple[np.ndarray, np.ndarray], step: int, parts: dict[str, Part] | None = None
+) -> list[dict[str, np.ndarray]]:
     """Step ``step``'s global batch (the next batch_size samples, wrapping around), as one
-    feed dict per micro-batch."""
+    feed dict per micro-batch. ``parts``: only these feeds, each named by its placeholder
+    (``x[cpu:2]``) and given as (source, k, n): the k-th of n slices of the micro-batch's
+    ``x`` or ``labels`` (a rank reads only what its devices are fed)."""
     x, labels = data
+    source = {"x": x, "labels": labels}
     batch, rows = config.train.batch_size, config.micro_batch_size
     index = (step * batch + np.arange(batch)) % len(x)
-    return [
-        {"x": x[index[k : k + rows]], "labels": labels[index[k : k + rows]]}
-        for k in range(0, batch, rows)
-    ]
+    if parts is None:
+        parts = {"x": ("x", 0, 1), "labels": ("labels", 0, 1)}
+    feeds = []
+    for k in range(0, batch, rows):
+        micro = index[k : k + rows]
+        feeds.append({
+            name: source[what][micro[j * rows // n : (j + 1) * rows // n]] for name, (what, j, n) in parts.items()
+        })
+    return feeds

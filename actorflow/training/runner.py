@@ -13,8 +13,12 @@ from ..compiler.schedules import kept_for_backward
 from ..config import Config
 from ..plan import Plan
 from ..runtime import Session
+from ..runtime.logical import assemble
+from ..runtime.transport import gather
+from ..trace.merge import merge
 from ..trace.metrics import summarize
-from .data import step_feeds, synthetic_classification
+from ..trace.recorder import chrome_trace, write_chrome
+from .data import Part, step_feeds, synthetic_classification
 from .model import build_graph
 
 
@@ -25,7 +29,8 @@ class RunResult:
     ``peak_activations``: per stage, the most micro-batches whose kept-for-backward
     registers were held at once; ``activation_quotas``: per stage, the quota the
     schedule gave those registers (the bound on ``peak_activations``); ``memory``:
-    planned bytes per device."""
+    planned bytes per device. Over ranks, rank 0's result has every stage's numbers and
+    every parameter; another rank's, its own."""
 
     losses: list[float]
     seconds: float
@@ -54,30 +59,54 @@ def compile_config(config: Config) -> Plan:
 
 
 def train(config: Config, on_step: Callable[[int, float], None] | None = None, trace: str | None = None) -> RunResult:
-    """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome trace."""
+    """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome trace.
+
+    Under a launcher every rank runs this, and each trains its own devices' part of the
+    plan, fed only its devices' slices of each batch. Each rank writes its own trace
+    (``NAME.rankR.json``) and rank 0 also the merged one at ``trace``; rank 0 gathers
+    what the report needs from the others once the steps are done."""
     plan = compile_config(config)
     data = synthetic_classification(config)
     losses = []
     with Session(plan, trace=True) as session:
+        rank = session.rank
+        parts = local_feeds(plan, rank)
         start = time.perf_counter()
         for step in range(config.train.steps):
-            outputs = session.run(step_feeds(config, data, step))
+            outputs = session.run(step_feeds(config, data, step, parts))
             losses.append(float(np.mean([o["loss"] for o in outputs])))
             if on_step is not None:
                 on_step(step, losses[-1])
         seconds = time.perf_counter() - start
+        spans = session.recorder.spans
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
         parameters = session.parameters()
         if trace is not None:
-            session.recorder.write(trace)
-    p, m = len(config.parallel.stages), config.parallel.micro_batches
-    peaks, quotas = kept_per_stage(plan, stats, config.parallel.stages)
+            session.recorder.write(rank_path(trace, rank) if plan.world > 1 else trace)
+    if plan.world > 1:
+        gathered = gather((spans, chrome, stats, parameters))
+        if gathered is not None:
+            for _, _, their_stats, their_parameters in gathered:
+                stats |= their_stats
+                parameters |= their_parameters
+            parameters = assemble(plan.logical, "parameter", parameters)
+            # on one host the ranks' span times share one clock (CLOCK_MONOTONIC)
+            chrome = chrome_trace(s for theirs, _, _, _ in gathered for s in theirs)
+            if trace is not None:
+                write_chrome(merge([c for _, c, _, _ in gathered]), trace)
+    stages = config.parallel.stages
+    p, m = len(stages), config.parallel.micro_batches
+    peaks, quotas = kept_per_stage(plan, stats, stages)
+    # a rank other than 0 measures the stages whose first replica it holds
+    ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
+    measured = iter(summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine]).stages)
+    bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     return RunResult(
         losses=losses,
         seconds=seconds,
         samples_per_second=config.train.steps * config.train.batch_size / seconds,
-        bubbles=[s.bubble for s in summarize(chrome, [stage[0] for stage in config.parallel.stages]).stages],
+        bubbles=bubbles,
         theory=(p - 1) / (m + p - 1),
         peak_activations=peaks,
         activation_quotas=quotas,
@@ -86,14 +115,40 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
     )
 
 
+def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:
+    """The feeds of ``rank``'s devices, as ``step_feeds`` takes them: the whole ``x`` and
+    ``labels`` where this rank holds every part, else the parts it holds."""
+    mine = {f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == rank}
+    parts: dict[str, Part] = {}
+    for lt in plan.logical:
+        if lt.kind != "feed":
+            continue
+        if set(lt.parts) <= mine:
+            parts[lt.name] = (lt.name, 0, 1)
+        else:
+            parts.update((part, (lt.name, k, len(lt.parts))) for k, part in enumerate(lt.parts) if part in mine)
+        mine -= set(lt.parts)
+    parts.update((name, (name, 0, 1)) for name in mine)
+    return parts
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``t.json`` -> ``t.rank1.json``: where rank 1 of a run writes its own trace."""
+    stem, dot, suffix = path.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{path}.rank{rank}"
+
+
 def kept_per_stage(
     plan: Plan, stats: dict[str, dict[str, int]], stages: tuple[tuple[str, ...], ...]
 ) -> tuple[list[int], list[int]]:
     """Per stage, over the registers it keeps for backward: (the most buffers one of them
-    held at once, the largest quota among them)."""
+    held at once, the largest quota among them). ``stats`` may cover only some of the
+    registers (a rank's own): the others are left out."""
     stage_of = {d: k for k, devices in enumerate(stages) for d in devices}
     peaks, quotas = [0] * len(stages), [0] * len(stages)
     for reg in kept_for_backward(plan):
+        if reg.name not in stats:
+            continue
         k = stage_of[reg.device]
         peaks[k] = max(peaks[k], stats[reg.name]["max_held"])
         quotas[k] = max(quotas[k], reg.quota)

@@ -1,0 +1,51 @@
+"""A pool of ranks for property tests (see ``ranks.Pool``): rank 0 reads cases from stdin,
+one base64 pickle a line, and hands each to the other ranks; every rank compiles and runs
+it; rank 0 prints ``RESULT`` and the outcome (the outputs, or the error's text).
+
+A case: (recipe, ranks, quota, iterations, feed seed); the plan is the recipe's graph
+compiled with ``ranks`` as the list of devices per rank.
+"""
+
+import base64
+import pickle
+import sys
+import time
+import traceback
+
+from mpi4py import MPI
+
+import actorflow as af
+import graph_strategies as gs
+
+CASE = 7
+
+
+def next_case(comm):
+    if comm.Get_rank() == 0:
+        line = sys.stdin.readline().strip() or None
+        for peer in range(1, comm.Get_size()):
+            comm.send(line, dest=peer, tag=CASE)
+        return line
+    backoff = 1e-4
+    while not comm.Iprobe(source=0, tag=CASE):
+        time.sleep(backoff)
+        backoff = min(2 * backoff, 0.01)
+    return comm.recv(source=0, tag=CASE)
+
+
+def main() -> None:
+    comm = MPI.COMM_WORLD.Dup()
+    while (line := next_case(comm)) is not None:
+        recipe, ranks, quota, iterations, seed = pickle.loads(base64.b64decode(line))
+        try:
+            graph, _ = gs.build(recipe)
+            plan = af.compile(graph, quota=quota, ranks=ranks)
+            outcome = ("ok", af.run(plan, gs.make_feeds(recipe, iterations, seed), stall_timeout=20))
+        except Exception:  # noqa: BLE001 - the test shows it
+            outcome = ("error", traceback.format_exc())
+        if comm.Get_rank() == 0:
+            print("RESULT " + base64.b64encode(pickle.dumps(outcome)).decode(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Plans over several ranks, run as real processes (mpiexec on loopback): every result
+equals the one-process run of the same graph and config (float64)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import actorflow as af
+import graph_strategies as gs
+import ranks
+from actorflow.config import load_config
+from actorflow.training import train
+
+WORLD = 3
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = ranks.Pool(WORLD)
+    yield p
+    p.close()
+
+
+@st.composite
+def placements(draw, devices: tuple[str, ...]) -> list[list[str]]:
+    """The devices over WORLD ranks, on at least two of them when there are two devices."""
+    owner = [draw(st.integers(0, WORLD - 1)) for _ in devices]
+    if len(devices) > 1 and len(set(owner)) == 1:
+        owner[-1] = (owner[0] + 1) % WORLD
+    return [[d for d, r in zip(devices, owner) if r == rank] for rank in range(WORLD)]
+
+
+@pytest.mark.timeout(240)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_random_graphs_over_ranks_equal_one_process(pool, data):
+    recipe = data.draw(
+        gs.recipes(min_devices=2, dtypes=("float64",), call_fns=("identity", "double", "add_pair")), label="recipe"
+    )
+    placement = data.draw(placements(recipe.devices), label="ranks")
+    quota = data.draw(st.integers(1, 3), label="quota")
+    iterations = data.draw(st.integers(1, 3), label="iterations")
+    seed = data.draw(st.integers(0, 2**16), label="feed seed")
+    graph, _ = gs.build(recipe)
+    expected = af.run(af.compile(graph, quota=quota, ranks=1), gs.make_feeds(recipe, iterations, seed))
+    status, got = pool.run((recipe, placement, quota, iterations, seed))
+    assert status == "ok", got
+    assert len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        assert mine.keys() == theirs.keys()
+        for name in theirs:
+            np.testing.assert_allclose(mine[name], theirs[name], rtol=1e-12, atol=1e-12 * recipe.bound)
+
+
+def train_on_ranks(n: int, config: str, tmp_path, *overrides: str) -> dict[str, np.ndarray]:
+    out = tmp_path / "rank0.npz"
+    status, text = ranks.launch(n, sys.executable, str(ranks.TESTS / "rank_train.py"), config, str(out), *overrides, timeout=150)
+    assert status == 0, text
+    with np.load(out) as saved:
+        return dict(saved)
+
+
+def train_in_one_process(config: str, *overrides: str) -> dict[str, np.ndarray]:
+    result = train(load_config(config, overrides))
+    return {"losses": np.array(result.losses), **{f"p_{k}": v for k, v in result.parameters.items()}}
+
+
+def assert_same_training(got: dict, expected: dict) -> None:
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=0, err_msg=name)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_on_two_ranks_trains_as_in_one_process(tmp_path, schedule):
+    sets = ["train.steps=10", f"parallel.schedule={schedule}", "model.dtype=float64"]
+    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
+    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
+    assert_same_training(got, expected)
+
+
+@pytest.mark.timeout(200)
+def test_data_parallel_on_two_ranks_trains_as_in_one_process(tmp_path):
+    sets = ["train.steps=10", "parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2", "model.dtype=float64"]
+    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
+    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
+    assert_same_training(got, expected)
+
+
+@pytest.mark.timeout(300)
+def test_two_stages_by_two_replicas_on_four_ranks_train_as_in_one_process(tmp_path):
+    sets = ["train.steps=10", "model.dtype=float64"]
+    expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
+    got = train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets)
+    assert_same_training(got, expected)
