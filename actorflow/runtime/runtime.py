@@ -17,6 +17,7 @@ import contextlib
 import functools
 import hashlib
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -90,8 +91,9 @@ class Runtime:
         self.rank = self._transport.rank if self._transport else 0
         if self._transport is not None and threading.current_thread() is threading.main_thread():
             # mpiexec -disable-auto-cleanup signals the survivors of a rank that died; the
-            # transport notices the lost rank itself and names it
-            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+            # transport notices the lost rank itself and names it. (A survivor that
+            # ignored the signal with SIG_IGN was seen to die at once; a handler keeps it.)
+            signal.signal(signal.SIGUSR1, _peer_died)
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None)
         self._sends = {a.attrs["tag"]: a for a in plan.actors if a.kind == "send"}
         self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
@@ -352,7 +354,8 @@ class Runtime:
         on_rank = f" on rank {self.rank}" if self._transport is not None else ""
         exc.add_note(
             f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r}{on_rank} "
-            f"at iteration {iteration - self._base} of this run; the op was built at {actor.where}"
+            f"at iteration {iteration - self._base} of this run ({iteration} since the runtime opened); "
+            f"the op was built at {actor.where}"
         )
         self.fail(exc)
 
@@ -369,6 +372,11 @@ class Runtime:
             if self._transport is not None and not isinstance(exc, RankError):
                 notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
                 self._transport.announce(f"rank {self.rank} failed: {type(exc).__name__}: {exc}{notes}")
+            elif self._transport is not None:
+                # said at once, in one write: mpiexec -disable-auto-cleanup was seen to kill
+                # a survivor of a killed rank as soon as it wrote anything, mid-traceback
+                sys.stderr.write(f"actorflow: rank {self.rank} stops: {exc}\n")
+                sys.stderr.flush()
         for executor in self._executors:
             executor.close()
         self._done.set()
@@ -529,6 +537,10 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     if rest > 0:
         time.sleep(rest)
     return result
+
+
+def _peer_died(signum: int, frame: Any) -> None:
+    """SIGUSR1 from mpiexec: some rank died; the transport finds out which."""
 
 
 def _groups(plan: Plan) -> list[tuple[int, ...]]:

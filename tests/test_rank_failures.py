@@ -1,0 +1,109 @@
+"""A failure on one rank stops every rank, within the bounds the runtime promises, and
+leaves no process behind: a kernel's error, a rank killed with SIGKILL, Ctrl-C on the
+launcher. Each test runs ``rank_failures.py`` on 2 real ranks through ``actorflow launch``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+import ranks
+
+
+class Run:
+    """The launcher's output lines as they come, each with the time it arrived."""
+
+    def __init__(self, mode: str) -> None:
+        self.proc = ranks.start(2, sys.executable, str(ranks.TESTS / "rank_failures.py"), mode)
+        self.lines: list[tuple[float, str]] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line))
+
+    def wait_for(self, text: str, count: int = 1, timeout: float = 30) -> float:
+        """When the ``count``-th line holding ``text`` arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = [t for t, line in self.lines if text in line]
+            if len(seen) >= count:
+                return seen[count - 1]
+            time.sleep(0.02)
+        ranks.kill(self.proc)
+        pytest.fail(f"no {count} lines with {text!r} within {timeout} s:\n{self.output}")
+
+    def end(self, timeout: float = 30) -> tuple[int, float]:
+        """(the launcher's exit status, when it exited)."""
+        try:
+            status = self.proc.wait(timeout=timeout)
+        except Exception:
+            ranks.kill(self.proc)
+            raise
+        ended = time.monotonic()
+        self._reader.join(timeout=5)
+        return status, ended
+
+    @property
+    def output(self) -> str:
+        return "".join(line for _, line in self.lines)
+
+    def pids(self) -> list[int]:
+        return [int(line.split()[-1]) for _, line in self.lines if " pid " in f" {line}"]
+
+
+def assert_nothing_left(run: Run) -> None:
+    assert len(run.pids()) == 2, run.output
+    assert ranks.wait_gone([*run.pids(), run.proc.pid], within=2) == [], run.output
+
+
+@pytest.mark.timeout(60)
+def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s():
+    run = Run("kernel")
+    running = run.wait_for("running", count=2)
+    status, ended = run.end()
+    assert status != 0
+    assert ended - running < 5, run.output
+    out = run.output
+    assert "rank 0 exited with status 1" in out and "rank 1 exited with status 1" in out, out
+    assert "ValueError: user kernel failed on the input 5" in out
+    # rank 0 names where it started: rank, actor, stream and iteration
+    failure = next(line for line in out.splitlines() if line.startswith("[0]") and "RankError: rank 1 failed" in line)
+    assert "ValueError: user kernel failed on the input 5" in failure
+    where = next(line for line in out.splitlines() if line.startswith("[0] actorflow: raised by actor"))
+    assert "'call_3'" in where and "stream 'cpu:1/compute' on rank 1" in where and "(5 since the runtime opened)" in where
+    assert_nothing_left(run)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it():
+    run = Run("steady")
+    run.wait_for("running", count=2)
+    victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
+    killed = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    status, ended = run.end()
+    assert status != 0
+    assert ended - killed < 10, run.output
+    assert "[0] actorflow: rank 0 stops: rank 1 was lost" in run.output
+    assert "rank 0 exited with status 1" in run.output or "rank 0 was killed" in run.output
+    assert_nothing_left(run)
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s():
+    run = Run("steady")
+    run.wait_for("running", count=2)
+    interrupted = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    status, ended = run.end()
+    assert status != 0
+    assert ended - interrupted < 5, run.output
+    assert "finished" not in run.output
+    assert_nothing_left(run)
