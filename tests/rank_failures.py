@@ -1,7 +1,8 @@
 """A two-rank pipeline for the failure tests (run under a launcher by ``test_rank_failures``):
 step k feeds k; ``kernel``: a kernel on rank 1 raises at step 5; ``steady``: every step
-naps 10 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway. Each
-rank prints its pid first."""
+naps 10 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway;
+``stall``: rank 1's kernel sleeps 3 s and sends its result back to rank 0, which gives up
+after 1 s. Each rank prints its pid first."""
 
 import os
 import sys
@@ -10,17 +11,22 @@ import numpy as np
 
 import actorflow as af
 import userfns
+from actorflow.world import this_rank
+
+
+KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.nap, "stall": userfns.sleep_3s}
 
 
 def main(mode: str) -> None:
     with af.Graph() as g:
         x = af.placeholder("x", shape=(4, 4), dtype="float64", device="cpu:0")
         h = af.ops.to_device(af.ops.relu(x), "cpu:1")
-        kernel = userfns.fail_on_five if mode == "kernel" else userfns.nap
-        af.output("y", af.ops.call(kernel, h, shape=(4, 4), dtype="float64"))
+        y = af.ops.call(KERNELS[mode], h, shape=(4, 4), dtype="float64", name="work")
+        af.output("y", af.ops.to_device(y, "cpu:0") if mode == "stall" else y)
     plan = af.compile(g, ranks=2)
     print("pid", os.getpid(), flush=True)
-    with af.Session(plan) as session:
+    patience = 1.0 if mode == "stall" and this_rank() == 0 else 60.0
+    with af.Session(plan, stall_timeout=patience) as session:
         for step in range(2000):
             session.run({"x": np.full((4, 4), float(step))})
             if step == 2:

@@ -1,6 +1,7 @@
 """A failure on one rank stops every rank, within the bounds the runtime promises, and
 leaves no process behind: a kernel's error, a rank killed with SIGKILL, Ctrl-C on the
-launcher. Each test runs ``rank_failures.py`` on 2 real ranks through ``actorflow launch``."""
+launcher; a stall's wait-for chain goes on across ranks. Each test runs
+``rank_failures.py`` on 2 real ranks through ``actorflow launch``."""
 
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s():
     failure = next(line for line in out.splitlines() if line.startswith("[0]") and "RankError: rank 1 failed" in line)
     assert "ValueError: user kernel failed on the input 5" in failure
     where = next(line for line in out.splitlines() if line.startswith("[0] actorflow: raised by actor"))
-    assert "'call_3'" in where and "stream 'cpu:1/compute' on rank 1" in where and "(5 since the runtime opened)" in where
+    assert "'work'" in where and "stream 'cpu:1/compute' on rank 1" in where and "(5 since the runtime opened)" in where
     assert_nothing_left(run)
 
 
@@ -106,4 +107,22 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s():
     assert status != 0
     assert ended - interrupted < 5, run.output
     assert "finished" not in run.output
+    assert_nothing_left(run)
+
+
+@pytest.mark.timeout(60)
+def test_a_stall_chain_follows_the_wait_across_ranks():
+    run = Run("stall")
+    status, _ = run.end()
+    assert status != 0
+    lines = [line.removeprefix("[0] ") for line in run.output.splitlines() if line.startswith("[0]")]
+    chain = lines.index(next(line for line in lines if line.startswith("wait-for chain:")))
+    # rank 0 waits for the result to come back from rank 1 ...
+    assert lines[chain].startswith("wait-for chain: y ")
+    assert lines[chain].endswith("which waits on rank 1: its recv waits on 'work->rank0'")
+    # ... whose send waits on the kernel rank 1 is running
+    assert lines[chain + 1] == (
+        "  on rank 1: work->rank0 -> work, which waits on nothing: its stream cpu:1/compute "
+        "is running 'work' (iteration 0)"
+    )
     assert_nothing_left(run)

@@ -79,3 +79,8 @@ def fail_on_five(a):
 def nap(a):
     time.sleep(0.01)
     return a
+
+
+def sleep_3s(a):
+    time.sleep(3.0)
+    return a

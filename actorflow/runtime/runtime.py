@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import msgpack
 import numpy as np
 import trio
 
@@ -37,10 +38,11 @@ from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 from .logical import assemble, feed_names, split_feeds
-from .stall import wait_for_chain
-from .transport import Transport
+from .stall import WaitChain, wait_for_chain
+from .transport import QUERY, REPLY, Transport
 
 Feeds = Mapping[str, Any]
+ASK_TIMEOUT = 2.0
 
 
 class Runtime:
@@ -87,6 +89,8 @@ class Runtime:
         self._lock = trio.Lock()
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
+        self._answer: tuple[str, tuple[int, int] | None] | None = None
+        self._answered = trio.Event()
         self._transport = Transport(plan.world) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
         if self._transport is not None and threading.current_thread() is threading.main_thread():
@@ -111,6 +115,8 @@ class Runtime:
             self._stack.callback(self._stop_threads)
             if self._transport is not None:
                 self._transport.on_failure = functools.partial(_post, token, self.fail)
+                self._transport.on_query = functools.partial(_post, token, self._answer_query)
+                self._transport.on_reply = functools.partial(_post, token, self._got_answer)
                 self._transport.start()
             self._nursery = await self._stack.enter_async_context(trio.open_nursery())
             for driver in self._drivers:
@@ -420,8 +426,50 @@ class Runtime:
             if not self._running or self.progress != seen:
                 seen, since = self.progress, now
             elif now - since >= self.stall_timeout:
-                self.fail(StallError(self.stall_report(now - since)))
+                report = self.stall_report(now - since)
+                if self._transport is not None:
+                    report = "\n".join([report, *await self._chain_across_ranks()])
+                self.fail(StallError(report))
                 return
+
+    async def _chain_across_ranks(self) -> list[str]:
+        """Where this rank's wait-for chain ends at another rank, the chain there, asked of
+        that rank (and so on, each rank once)."""
+        remote = self._chain().remote
+        lines, seen = [], {self.rank}
+        while remote is not None and remote[0] not in seen:
+            rank, actor = remote
+            seen.add(rank)
+            self._answer, self._answered = None, trio.Event()
+            self._transport.tell(rank, QUERY, msgpack.packb(actor))
+            with trio.move_on_after(ASK_TIMEOUT):
+                await self._answered.wait()
+            if self._answer is None:
+                lines.append(f"  on rank {rank}: no answer within {ASK_TIMEOUT} s")
+                return lines
+            text, remote = self._answer
+            lines.append(f"  on rank {rank}: {text}")
+        if remote is not None:
+            lines.append(f"  back on rank {remote[0]}: a cycle across ranks")
+        return lines
+
+    def _answer_query(self, asker: int, payload: bytes) -> None:
+        """Another rank's stall chain reached one of this rank's actors: the chain from it."""
+        actor = msgpack.unpackb(payload)
+        if actor in self._members:
+            chain = self._chain(actor)
+            answer = [chain.text, chain.remote]
+        else:
+            answer = [f"actor {actor} is not on rank {self.rank}", None]
+        self._transport.tell(asker, REPLY, msgpack.packb(answer))
+
+    def _got_answer(self, payload: bytes) -> None:
+        text, remote = msgpack.unpackb(payload)
+        self._answer = (text, tuple(remote) if remote is not None else None)
+        self._answered.set()
+
+    def _chain(self, start: int | None = None) -> WaitChain:
+        return wait_for_chain(self.plan, self._members, self._drivers, self._base, start)
 
     # -- inspection ----------------------------------------------------------------
 
@@ -455,7 +503,7 @@ class Runtime:
             if driver.ordered and driver.units:
                 unit = driver.units[driver.cursor]
                 lines.append(f"  stream {driver.name}: next in collective order is {unit.name!r}")
-        lines.append(wait_for_chain(plan, self._members, self._drivers, self._base))
+        lines.append(self._chain().text)
         return "\n".join(lines)
 
     def parameters(self) -> dict[str, np.ndarray]:

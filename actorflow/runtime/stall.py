@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from enum import Enum
 
+import attrs
+
 from ..dag import topological_order
 from ..plan import Plan
 from .debug import fed_inputs
@@ -23,25 +25,44 @@ class _Look(Enum):
 _Step = tuple[Member, _Look]
 
 
-def wait_for_chain(plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver], base: int) -> str:
+@attrs.frozen
+class WaitChain:
+    """``text``: the chain for people; ``remote``: (rank, actor id) where the chain's last
+    actor waits on another rank (a send or receive in flight, a collective over ranks),
+    so the chain goes on there; None otherwise."""
+
+    text: str
+    remote: tuple[int, int] | None = None
+
+
+def wait_for_chain(
+    plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver], base: int, start: int | None = None
+) -> WaitChain:
     """``wait-for chain: a -> b -> c, which waits on nothing: ...``, or ``... -> a (a cycle)``.
 
-    It starts at the waiting actor (one with acts left) earliest in the plan's topological
-    order, the one furthest upstream, so the chain covers as much of the plan as it can;
-    with no waiting actor, at the kernel a stream is running. Edges: an actor missing an
-    input waits on the input's producer; one missing a credit, on the first consumer still
-    holding one of the buffers; a collective participant that could act, on a partner
-    that can't; a launched kernel that has not finished, on the kernel its stream is
-    running. The chain ends at an actor that waits on nothing: its kernel is the one
-    running, or it could act but is behind another collective in its stream's order.
-    ``members``: by actor id; ``base``: the run's first iteration, to number iterations.
+    It starts at ``start`` (an actor id) if given, else at the waiting actor (one with
+    acts left) earliest in the plan's topological order, the one furthest upstream, so
+    the chain covers as much of the plan as it can; with no waiting actor, at the kernel
+    a stream is running. Edges: an actor missing an input waits on the input's producer;
+    one missing a credit, on the first consumer still holding one of the buffers; a
+    collective participant that could act, on a partner that can't; a launched kernel
+    that has not finished, on the kernel its stream is running. The chain ends at an
+    actor that waits on nothing: its kernel is the one running, or it could act but is
+    behind another collective in its stream's order; or at one that waits on another
+    rank: a launched send or receive waits on its peer, a collective over ranks on the
+    participants of the other ranks (``WaitChain.remote``).
+    ``members``: this rank's, by actor id; ``base``: the run's first iteration, to
+    number iterations.
     """
-    return "wait-for chain: " + _Chain(plan, base).walk(_start(plan, members, drivers))
+    step = (members[start], _Look.WAIT) if start is not None else _start(plan, members, drivers)
+    chain = _Chain(plan, members, base)
+    text = chain.walk(step)
+    return WaitChain("wait-for chain: " + text if start is None else text, chain.remote)
 
 
 def _start(plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver]) -> _Step | None:
     for a in _topological(plan):
-        if members[a].state.acts_left > 0:
+        if a in members and members[a].state.acts_left > 0:
             return members[a], _Look.WAIT
     for driver in drivers:
         if driver.executor.running is not None:
@@ -59,9 +80,13 @@ def _topological(plan: Plan) -> list[int]:
 
 
 class _Chain:
-    def __init__(self, plan: Plan, base: int) -> None:
+    def __init__(self, plan: Plan, members: Mapping[int, Member], base: int) -> None:
         self.plan = plan
+        self.members = members
         self.base = base
+        self.remote: tuple[int, int] | None = None
+        self.peers = {(a.kind, a.attrs["tag"]): a for a in plan.actors if a.kind in ("send", "recv")}
+        self.participants = {a: c.actors for c in plan.collectives for a in c.actors}
 
     def walk(self, step: _Step | None) -> str:
         if step is None:
@@ -130,7 +155,15 @@ class _Chain:
         return member, _Look.KERNEL
 
     def _kernel(self, member: Member) -> _Step | str:
-        """A launched kernel of ``member`` has not finished: what its stream is doing."""
+        """A launched kernel of ``member`` has not finished: what its stream is doing, or
+        the other rank it waits on."""
+        actor = member.actor
+        if actor.kind in ("send", "recv"):
+            peer = self.peers[("recv" if actor.kind == "send" else "send", actor.attrs["tag"])]
+            return self._across(peer.id, f"its {actor.kind} waits on {peer.name!r}")
+        elsewhere = [a for a in self.participants.get(actor.id, ()) if a not in self.members]
+        if elsewhere and member.unit.driver.executor.running is not None:
+            return self._across(elsewhere[0], f"its collective waits on {self.plan.actors[elsewhere[0]].name!r}")
         driver = member.unit.driver
         running = driver.executor.running
         if running is None:
@@ -138,6 +171,11 @@ class _Chain:
         if running[0] is not member.unit:
             return running[0].members[0], _Look.KERNEL
         return f", which waits on nothing: its stream {driver.name} {self._stream(driver)}"
+
+    def _across(self, actor: int, what: str) -> str:
+        rank = self.plan.rank_of(self.plan.actors[actor].device)
+        self.remote = (rank, actor)
+        return f", which waits on rank {rank}: {what}"
 
     def _stream(self, driver: Driver) -> str:
         executor = driver.executor

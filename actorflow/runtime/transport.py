@@ -16,7 +16,9 @@ completed).
 Failures reach every rank. On a control communicator of their own, ranks tell each
 other when they fail (the error's text) and when they leave normally, and send a
 heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from for
-``LOST_AFTER`` s is lost. Either way ``on_failure`` gets a ``RankError``.
+``LOST_AFTER`` s is lost. Either way ``on_failure`` gets a ``RankError``. A stalled rank
+asks another where its wait-for chain goes on there (``QUERY``, ``REPLY``: the runtime's
+``on_query`` and ``on_reply`` get the bytes).
 
 A process whose run failed over ranks exits with status 1 at interpreter exit without
 finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
@@ -44,7 +46,7 @@ HEARTBEAT = 0.5
 LOST_AFTER = 3.0
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
-FAILED, BEAT, BYE = 1, 2, 3
+FAILED, BEAT, BYE, QUERY, REPLY = 1, 2, 3, 4, 5
 
 Done = Callable[[BaseException | None], None]
 
@@ -77,6 +79,8 @@ class Transport:
         self.control: Any = None
         self.groups: dict[tuple[int, ...], Any] = {}
         self.on_failure: Callable[[RankError], None] = lambda exc: None
+        self.on_query: Callable[[int, bytes], None] = lambda rank, payload: None
+        self.on_reply: Callable[[bytes], None] = lambda payload: None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._failed = False
@@ -136,6 +140,11 @@ class Transport:
         notice = text.encode()[:NOTICE_BYTES]
         self.submit(lambda: [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers], None)
 
+    def tell(self, peer: int, tag: int, payload: bytes) -> None:
+        """Send a control message (``QUERY`` or ``REPLY``) to rank ``peer``."""
+        payload = payload[:NOTICE_BYTES]
+        self.submit(lambda: self.control.Isend(payload, dest=peer, tag=tag), None)
+
     def close(self) -> None:
         """Stop after what was handed over so far (a failure notice included); says goodbye
         to the other ranks unless this one failed."""
@@ -194,10 +203,15 @@ class Transport:
                 while listen.Test(status):
                     source, tag = status.Get_source(), status.Get_tag()
                     heard[source] = now
+                    message = bytes(notice[: status.Get_count()])
                     if tag == FAILED:
-                        self._fail(RankError(bytes(notice[: status.Get_count()]).decode(errors="replace")))
+                        self._fail(RankError(message.decode(errors="replace")))
                     elif tag == BYE:
                         left.add(source)
+                    elif tag == QUERY:
+                        self.on_query(source, message)
+                    elif tag == REPLY:
+                        self.on_reply(message)
                     listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
                 if now >= next_beat:
                     live.extend((self.control.Isend(b"", dest=p, tag=BEAT), None) for p in self.peers if p not in left)
