@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from .errors import ConfigError
+from .errors import CompileError, ConfigError
 from .trace.cli import add_commands as add_trace_commands
 
 
@@ -71,6 +71,11 @@ def parser() -> argparse.ArgumentParser:
         "events; collective order; planned memory per device",
     )
     view.add_argument("--dot", action="store_true", help="the actor graph as Graphviz text, streams as clusters")
+    comp.add_argument(
+        "--ranks", type=_positive, metavar="N",
+        help="plan for N ranks (processes), the devices spread over them in order; "
+        "default: as many as the launcher started, else 1",
+    )
     launch = sub.add_parser(
         "launch",
         help="start N ranks of a command with MPICH's mpiexec, on this machine by default",
@@ -167,7 +172,11 @@ def _compile(config, args) -> int:
     from .training import compile_config
     from .views import dot, overview
 
-    plan = compile_config(config)
+    try:
+        plan = compile_config(config, args.ranks)
+    except CompileError as err:
+        print(f"actorflow compile: error: {err}", file=sys.stderr)
+        return 2
     print(plan.summary() if args.dump else dot(plan) if args.dot else overview(plan))
     return 0
 
@@ -192,6 +201,9 @@ def _run(config, args) -> int:
 
     try:
         result = train(config, on_step, trace)
+    except CompileError as err:
+        print(f"actorflow run: error: {err}", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     if this_rank() != 0:

@@ -322,8 +322,9 @@ def headline(plan: Plan) -> str:
     """The summary's first line: how many actors, streams, collectives and events."""
     m = plan.micro_batches
     steps = f"; {m} micro-batches a step ([step]: acts once per step)" if m > 1 else ""
+    ranks = f" over {plan.world} ranks" if plan.world > 1 else ""
     return (
-        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams, "
+        f"Plan: {len(plan.actors)} actors on {len(plan.streams)} streams{ranks}, "
         f"{len(plan.collectives)} collectives, {len(plan.events)} events{steps}"
     )
 
@@ -335,7 +336,8 @@ def _summary_lines(plan: Plan) -> list[str]:
         actors = sorted(
             (a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority
         )
-        lines.append(f"stream {stream.name} ({len(actors)} actors)")
+        rank = f"rank {stream.rank}, " if plan.world > 1 else ""
+        lines.append(f"stream {stream.name} ({rank}{len(actors)} actors)")
         for a in actors:
             ins = ", ".join(_input_text(plan, i) for i in a.inputs) or "-"
             rate = " [step]" if a.every > 1 else ""

@@ -43,7 +43,8 @@ class RunResult:
     parameters: dict[str, np.ndarray]
 
 
-def compile_config(config: Config) -> Plan:
+def compile_config(config: Config, ranks: int | None = None) -> Plan:
+    """The config's plan; ``ranks``: for that many ranks (default: as the launcher started)."""
     parallel, runtime = config.parallel, config.runtime
     return compile(
         build_graph(config),
@@ -55,6 +56,7 @@ def compile_config(config: Config) -> Plan:
         micro_batches=parallel.micro_batches,
         stages=parallel.stages,
         schedule=parallel.schedule,
+        ranks=ranks,
     )
 
 

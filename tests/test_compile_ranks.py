@@ -1,0 +1,113 @@
+"""Compiling for several ranks (no processes started): where devices go, what becomes a
+send and a receive, which streams each rank gets and how their inputs are synced."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import actorflow as af
+import graph_strategies as gs
+from actorflow.compiler.ranks import place_ranks
+from actorflow.world import launched
+from test_compiler import by_name, stream_name, two_device_graph
+
+
+def test_devices_spread_over_ranks_in_contiguous_blocks():
+    devices = ["cpu:0", "cpu:1", "cpu:2", "cpu:10"]
+    assert place_ranks(devices, 2) == ({"cpu:0": 0, "cpu:1": 0, "cpu:2": 1, "cpu:10": 1}, 2)
+    assert place_ranks(devices, 4)[0] == {"cpu:0": 0, "cpu:1": 1, "cpu:2": 2, "cpu:10": 3}
+    assert place_ranks(devices, 1) == (dict.fromkeys(devices, 0), 1)
+    assert place_ranks(["cpu:0", "cpu:1"], [["cpu:1"], [], "cpu:0"]) == ({"cpu:1": 0, "cpu:0": 2}, 3)
+
+
+def test_by_default_as_many_ranks_as_the_launcher_started(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert launched() == (1, 2)
+    plan = af.compile(two_device_graph())
+    assert (plan.world, plan.ranks) == (2, {"cpu:0": 0, "cpu:1": 1})
+    monkeypatch.delenv("PMI_RANK")
+    monkeypatch.delenv("PMI_SIZE")
+    assert af.compile(two_device_graph()).world == 1
+
+
+@pytest.mark.parametrize(
+    ("ranks", "message"),
+    [
+        (3, "3 ranks but the plan has 2 devices"),
+        (0, "at least 1"),
+        (True, "a number of ranks or a list"),
+        ("cpu:0", "a number of ranks or a list"),
+        ([["cpu:0"]], "['cpu:1'] are on no rank"),
+        ([["cpu:0", "cpu:1"], ["cpu:1"]], "cpu:1 is listed on rank 0 and rank 1"),
+    ],
+)
+def test_impossible_rank_placements_are_compile_errors(ranks, message):
+    with pytest.raises(af.CompileError, match="ranks: .*" + message.replace("[", r"\[").replace("]", r"\]")):
+        af.compile(two_device_graph(), ranks=ranks)
+
+
+def test_a_copy_to_another_rank_becomes_a_send_and_a_receive():
+    plan = af.compile(two_device_graph(), ranks=2)
+    actors = by_name(plan)
+    send, recv = actors["h->rank1"], actors["cp"]  # the copy itself receives
+    assert (send.kind, recv.kind) == ("send", "recv")
+    assert send.attrs == {"peer": 1, "tag": recv.attrs["tag"]} and recv.attrs["peer"] == 0
+    assert (stream_name(plan, send), stream_name(plan, recv)) == ("rank0/comm", "rank1/comm")
+    assert recv.inputs == () and plan.registers[recv.outputs[0]].name == "cp"
+    # the all-reduce stays one collective, each participant on its rank's collective stream
+    (coll,) = plan.collectives
+    assert sorted(stream_name(plan, plan.actors[a]) for a in coll.actors) == ["rank0/collective", "rank1/collective"]
+
+
+def test_every_rank_gets_the_outputs():
+    plan = af.compile(two_device_graph(), ranks=2)
+    fetches = [o for o in plan.outputs if o.name == "y"]
+    assert sorted(plan.rank_of(plan.actors[o.actor].device) for o in fetches) == [0, 1]
+
+
+def test_the_summary_names_each_streams_rank():
+    summary = af.compile(two_device_graph(), ranks=2).summary()
+    assert "over 2 ranks" in summary.splitlines()[0]
+    assert "stream rank1/comm (rank 1," in summary
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_over_ranks_every_edge_stays_on_its_rank_and_every_send_has_its_receive(data):
+    recipe = data.draw(gs.recipes(min_devices=2), label="recipe")
+    owner = [data.draw(st.integers(0, 2), label=f"rank of {d}") for d in recipe.devices]
+    ranks = [[d for d, r in zip(recipe.devices, owner) if r == k] for k in range(3)]
+    graph, _ = gs.build(recipe)
+    one = af.compile(graph, quota=2, ranks=1)
+    plan = af.compile(graph, quota=2, ranks=ranks)
+    rank_of = {a.id: plan.rank_of(a.device) for a in plan.actors}
+    assert plan.world == 3
+    for reg in plan.registers:
+        if not reg.is_parameter:
+            assert {rank_of[c.actor] for c in reg.consumers} <= {rank_of[reg.producer]}, reg
+    for actor in plan.actors:
+        assert plan.streams[actor.stream].rank == rank_of[actor.id]
+    sends = {a.attrs["tag"]: a for a in plan.actors if a.kind == "send"}
+    recvs = {a.attrs["tag"]: a for a in plan.actors if a.kind == "recv"}
+    assert sends.keys() == recvs.keys()
+    for tag, send in sends.items():
+        recv = recvs[tag]
+        assert (send.attrs["peer"], recv.attrs["peer"]) == (rank_of[recv.id], rank_of[send.id])
+        assert rank_of[send.id] != rank_of[recv.id] and send.every == recv.every
+    comm = {s.id for s in plan.streams if s.kind == "comm"}
+    for actor in plan.actors:
+        for i in actor.inputs:
+            producer = plan.registers[i.register].producer
+            if producer >= 0 and (actor.stream in comm or plan.actors[producer].stream in comm):
+                assert i.sync == "completion", (actor.name, i)
+    # each output reaches every rank; the rest of the plan is the one-process plan's
+    assert Counter(o.name for o in plan.outputs) == {o.name: 3 for o in one.outputs}
+    moving = ("send", "recv", "fetch", "copy")
+    assert Counter(a.kind for a in plan.actors if a.kind not in moving) == Counter(
+        a.kind for a in one.actors if a.kind not in moving
+    )
