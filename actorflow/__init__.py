@@ -20,6 +20,7 @@ from .errors import (
     FeedError,
     GraphError,
     PlanSerializationError,
+    RankError,
     StallError,
 )
 from .graph import Graph, Tensor
@@ -29,7 +30,7 @@ from .runtime import Runtime, Session, run
 
 __all__ = [
     "ActorflowError", "B", "CompileError", "DeadlockError", "FeedError", "GlobalTensor", "Graph",
-    "GraphError", "P", "Plan", "PlanSerializationError", "Runtime", "S", "Session", "StallError",
+    "GraphError", "P", "Plan", "PlanSerializationError", "RankError", "Runtime", "S", "Session", "StallError",
     "Tensor", "box",
     "compile", "gradients", "minimize", "ops", "optim", "output", "parameter", "placeholder", "run",
 ]
