@@ -39,7 +39,7 @@ from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
-from .transport import QUERY, REPLY, Transport
+from .transport import QUERY, REPLY, Transport, peer_died
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
@@ -589,6 +589,7 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
 
 def _peer_died(signum: int, frame: Any) -> None:
     """SIGUSR1 from mpiexec: some rank died; the transport finds out which."""
+    peer_died.set()
 
 
 def _groups(plan: Plan) -> list[tuple[int, ...]]:

@@ -46,6 +46,10 @@ HEARTBEAT = 0.5
 LOST_AFTER = 3.0
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
+JOIN_TIMEOUT = 120.0
+
+peer_died = threading.Event()
+"""Set when mpiexec signals that some rank died (see ``Runtime``'s SIGUSR1 handler)."""
 FAILED, BEAT, BYE, QUERY, REPLY = 1, 2, 3, 4, 5
 
 Done = Callable[[BaseException | None], None]
@@ -92,7 +96,20 @@ class Transport:
         group of ranks that runs collectives together, and a check that all ranks hold
         the same plan. Every rank opens its Runtimes in the same order."""
         MPI = self.MPI
-        await _completion(MPI.COMM_WORLD.Ibarrier())
+        joined = MPI.COMM_WORLD.Ibarrier()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        backoff = MIN_BACKOFF
+        while not joined.Test():
+            if peer_died.is_set() or time.monotonic() > deadline:
+                _exit_unfinalized()
+                why = "a rank died" if peer_died.is_set() else f"not every rank came within {JOIN_TIMEOUT:.0f} s"
+                raise RankError(
+                    f"rank {self.rank} waited for the other ranks to open this Runtime, but {why}: a rank "
+                    "may have failed before it got there (see its output), or the ranks open their "
+                    "Runtimes in different orders"
+                )
+            await trio.sleep(backoff)
+            backoff = min(2 * backoff, 0.01)
         self.data = MPI.COMM_WORLD.Dup()
         self.control = MPI.COMM_WORLD.Dup()
         for group in groups:
@@ -317,12 +334,6 @@ def _drain(q: queue.SimpleQueue, carried: list) -> list:
             return items
 
 
-async def _completion(request: Any) -> None:
-    """Wait for an MPI request from trio, polling with back-off (no thread spins in MPI)."""
-    backoff = MIN_BACKOFF
-    while not request.Test():
-        await trio.sleep(backoff)
-        backoff = min(2 * backoff, 0.01)
 
 
 def gather(obj: Any) -> list | None:
