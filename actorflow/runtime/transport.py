@@ -61,7 +61,7 @@ def mpi() -> Any:
         from mpi4py import MPI
     except ImportError as e:
         raise RankError(
-            "a plan over several ranks runs on MPI: pip install mpi4py mpich (or 'actorflow[test]')"
+            "a plan over several ranks runs on MPI: pip install 'actorflow[mpi]' (mpi4py and mpich)"
         ) from e
     return MPI
 
