@@ -1,7 +1,7 @@
 """A two-rank pipeline for the failure tests (run under a launcher by ``test_rank_failures``):
 step k feeds k; ``kernel``: a kernel on rank 1 raises at step 5; ``steady``: every step
-naps 10 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway;
-``stall``: rank 1's kernel sleeps 3 s and sends its result back to rank 0, which gives up
+sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway;
+``stall``: rank 1's kernel sleeps 2 s and sends its result back to rank 0, which gives up
 after 1 s. Each rank prints its pid first."""
 
 import os
@@ -14,7 +14,7 @@ import userfns
 from actorflow.world import this_rank
 
 
-KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.nap, "stall": userfns.sleep_3s}
+KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.sleep_20ms, "stall": userfns.slow}
 
 
 def main(mode: str) -> None:

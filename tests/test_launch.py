@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from actorflow import cli
 from actorflow import launch as launch_module
 from actorflow.launch import _Demux, _HydraText, exit_status, find_mpiexec, mpiexec_command
+from test_cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -230,15 +230,6 @@ def test_a_hung_mpiexec_is_killed_with_its_ranks_after_the_grace(rank_script):
     assert code == 130
     assert ranks <= below.keys()
     assert [pid for pid in below if alive(pid)] == []
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = cli.main(list(argv))
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.timeout(10)
