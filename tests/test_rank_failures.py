@@ -92,9 +92,10 @@ def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it():
     status, ended = run.end()
     assert status != 0
     assert ended - killed < 10, run.output
-    # rank 0 names the lost rank itself, unless mpiexec's proxy killed it first (it was
-    # seen to SIGKILL the survivors within ~20 ms in about a third of runs, despite
-    # -disable-auto-cleanup); then the launcher names the lost rank
+    # rank 0 names the lost rank itself, unless mpiexec's proxy killed it first (strace:
+    # hydra_pmi_proxy SIGKILLs the survivors' process groups within ~20 ms of the loss in
+    # many runs, before its SIGUSR1, despite -disable-auto-cleanup); then the launcher
+    # names the lost rank
     said = "[0] actorflow: rank 0 stops: rank 1 was lost" in run.output
     assert said or "rank 0 was killed by SIGKILL" in run.output, run.output
     assert "rank 1 was killed by SIGKILL" in run.output
