@@ -138,6 +138,18 @@ def test_bubble_window_is_shared_and_a_stage_without_kernels_is_all_bubble():
     assert "stage 2  cpu:7" in s.format()
 
 
+def test_time_that_two_steps_windows_share_counts_once():
+    """Over ranks, stage 0 may start step 1 while stage 1 still finishes step 0."""
+    rec = Recorder(enabled=True)
+    span(rec, "cpu:0/compute", "f0", 0, 2, iteration=0)
+    span(rec, "cpu:1/compute", "g0", 2, 4, iteration=0)
+    span(rec, "cpu:0/compute", "f1", 3, 5, iteration=1)
+    span(rec, "cpu:1/compute", "g1", 5, 7, iteration=1)
+    s = summarize(rec.to_chrome(), stages=["cpu:0", "cpu:1"])
+    assert s.window_s == ms(7)  # windows [0, 4] and [3, 7]
+    assert [b.bubble for b in s.stages] == [pytest.approx(3 / 7)] * 2
+
+
 def test_critical_path_follows_flows_and_stream_order_with_gaps():
     rec = Recorder(enabled=True)
     span(rec, "cpu:0/compute", "A", 0, 2, act=0)

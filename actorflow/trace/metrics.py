@@ -16,8 +16,10 @@ Definitions (a *kernel* is any complete event whose category is not ``"wait"``):
   count as idle): 1 - sum of busy / sum of windows. For GPipe or 1F1B with p stages, m
   micro-batches and even stage times this is (p-1)/(m+p-1) on every stage. (Per-stage
   windows would not be: the last stage runs its m forwards and backwards back to back.)
-  ``bubble`` is the mean over stages; ``window_s`` the sum of the windows. The time
-  between steps (the host's turn-around) is in no window.
+  ``bubble`` is the mean over stages; ``window_s`` the length of the windows' union
+  (over ranks, one rank may start a step before another has finished the last, and
+  time two windows share counts once). The time between steps (the host's
+  turn-around) is in no window.
 - **critical path**: the longest chain of kernels where each step is a flow edge
   (producer -> consumer) or same-stream order (a kernel -> the stream's next kernel). A
   chain's length is its kernels' durations plus the gaps between consecutive steps
@@ -237,13 +239,14 @@ def _bubbles(
     for s in trace.spans:
         if s.track in tracks and not s.is_wait:
             steps.setdefault(s.args.get("iteration"), {}).setdefault(s.track, []).append((s.start, s.end))
-    window = 0
+    windows = []
     used = dict.fromkeys(tracks, 0)
     for per_track in steps.values():
         spans = [iv for ivs in per_track.values() for iv in ivs]
-        window += max(e for _, e in spans) - min(b for b, _ in spans)
+        windows.append((min(b for b, _ in spans), max(e for _, e in spans)))
         for i, intervals in per_track.items():
             used[i] += _length(_union(intervals))
+    window = _length(_union(windows))
     if not window:
         return 0, tuple(StageBubble(stage, device, 0.0, 1.0) for stage, device, _ in rows)
     bubbles = []
