@@ -153,17 +153,21 @@ _REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum}
 def all_reduce(ins, outs, op, across=None):
     """``across``: where the participants span ranks, this rank's participants reduce
     theirs here first, then ``across(acc, op)`` reduces ``acc`` in place with the other
-    ranks' (their sum or max), and ``across.participants`` counts them all, for a mean."""
+    ranks' (their sum or max; ``across(acc, op, x)`` reduces a lone participant's ``x``
+    into ``acc``), and ``across.participants`` counts them all, for a mean."""
     acc = outs[0]
     reduce = _REDUCERS[op]
-    if len(ins) == 1:
-        np.copyto(acc, ins[0])
+    if across is not None and len(ins) == 1 and ins[0].dtype == acc.dtype:
+        across(acc, op, ins[0])
     else:
-        reduce(ins[0], ins[1], out=acc, dtype=acc.dtype)
-    for x in ins[2:]:
-        reduce(acc, x, out=acc)
-    if across is not None:
-        across(acc, op)
+        if len(ins) == 1:
+            np.copyto(acc, ins[0])
+        else:
+            reduce(ins[0], ins[1], out=acc, dtype=acc.dtype)
+        for x in ins[2:]:
+            reduce(acc, x, out=acc)
+        if across is not None:
+            across(acc, op)
     if op == "mean":
         acc /= len(ins) if across is None else across.participants
     for out in outs[1:]:

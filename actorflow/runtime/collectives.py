@@ -29,10 +29,12 @@ class Across:
         self.comm = comm
         self.participants = participants
 
-    def __call__(self, acc: np.ndarray, op: str) -> None:
+    def __call__(self, acc: np.ndarray, op: str, source: np.ndarray | None = None) -> None:
+        """Reduce ``acc`` in place, or ``source`` into ``acc`` (one copy less)."""
         MPI = self.transport.MPI
         reduce = MPI.MAX if op == "max" else MPI.SUM
-        self.transport.call(lambda: self.comm.Iallreduce(MPI.IN_PLACE, acc, op=reduce))
+        send = MPI.IN_PLACE if source is None else source
+        self.transport.call(lambda: self.comm.Iallreduce(send, acc, op=reduce), acc.nbytes)
 
 
 def across_ranks(plan: Plan, coll: Collective, rank: int, transport: Transport) -> Callable[[list, list], Any]:
@@ -82,7 +84,8 @@ class _Gathering:
             offset += x.nbytes
         MPI = self.transport.MPI
         self.transport.call(
-            lambda: self.comm.Iallgatherv(self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE])
+            lambda: self.comm.Iallgatherv(self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE]),
+            self.recvbuf.nbytes,
         )
         all_ins: list = []
         all_outs: list = []

@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -39,7 +37,7 @@ from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
-from .transport import QUERY, REPLY, Transport, peer_died
+from .transport import QUERY, REPLY, Transport
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
@@ -93,11 +91,6 @@ class Runtime:
         self._answered = trio.Event()
         self._transport = Transport(plan.world) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
-        if self._transport is not None and threading.current_thread() is threading.main_thread():
-            # mpiexec -disable-auto-cleanup signals the survivors of a rank that died; the
-            # transport notices the lost rank itself and names it. (A survivor that
-            # ignored the signal with SIG_IGN was seen to die at once; a handler keeps it.)
-            signal.signal(signal.SIGUSR1, _peer_died)
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None)
         self._sends = {a.attrs["tag"]: a for a in plan.actors if a.kind == "send"}
         self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
@@ -585,11 +578,6 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     if rest > 0:
         time.sleep(rest)
     return result
-
-
-def _peer_died(signum: int, frame: Any) -> None:
-    """SIGUSR1 from mpiexec: some rank died; the transport finds out which."""
-    peer_died.set()
 
 
 def _groups(plan: Plan) -> list[tuple[int, ...]]:

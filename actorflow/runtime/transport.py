@@ -6,7 +6,12 @@ and a callback for its completion. The thread starts what it is handed in order,
 the requests in flight and runs the callbacks of those that completed, then sleeps a
 back-off that doubles while nothing happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``) and is
 cut short by new work. MPICH busy-polls inside blocking calls: a thread blocked in one
-would take one of the cores the streams need.
+would take one of the cores the streams need, even while it only waits for a peer.
+But MPI moves a large message only while someone polls it, so after starting a
+collective the thread polls without sleeping for as long as the data could take to
+move (``SPIN_BASE`` plus its bytes at ``SPIN_BANDWIDTH``), then backs off no further than
+``COLLECTIVE_BACKOFF`` while it is in flight (a rank that came early waits for the
+others, and they need its polls to move the data).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go back to trio in one batch per poll, as a stream's do), and collectives
@@ -20,8 +25,10 @@ heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from
 asks another where its wait-for chain goes on there (``QUERY``, ``REPLY``: the runtime's
 ``on_query`` and ``on_reply`` get the bytes).
 
-A process whose run failed over ranks exits with status 1 at interpreter exit without
-finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
+It leaves SIGUSR1 alone: MPICH's mpiexec sends it to every rank when one ends (even
+normally, with the mpich 5.0 wheel) and MPICH handles it; a Python handler in its place
+was seen to let it kill ranks as they exited. A process whose run failed over ranks
+exits with status 1 at interpreter exit without finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
 survivor of a killed rank was seen to hang there for good).
 """
 
@@ -42,14 +49,15 @@ from ..errors import RankError
 
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
+SPIN_BASE = 200e-6
+SPIN_BANDWIDTH = 1e9
+COLLECTIVE_BACKOFF = 100e-6
+CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
 LOST_AFTER = 3.0
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
 JOIN_TIMEOUT = 120.0
-
-peer_died = threading.Event()
-"""Set when mpiexec signals that some rank died (see ``Runtime``'s SIGUSR1 handler)."""
 FAILED, BEAT, BYE, QUERY, REPLY = 1, 2, 3, 4, 5
 
 Done = Callable[[BaseException | None], None]
@@ -100,13 +108,12 @@ class Transport:
         deadline = time.monotonic() + JOIN_TIMEOUT
         backoff = MIN_BACKOFF
         while not joined.Test():
-            if peer_died.is_set() or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 _exit_unfinalized()
-                why = "a rank died" if peer_died.is_set() else f"not every rank came within {JOIN_TIMEOUT:.0f} s"
                 raise RankError(
-                    f"rank {self.rank} waited for the other ranks to open this Runtime, but {why}: a rank "
-                    "may have failed before it got there (see its output), or the ranks open their "
-                    "Runtimes in different orders"
+                    f"rank {self.rank} waited for the other ranks to open this Runtime, but not every rank "
+                    f"came within {JOIN_TIMEOUT:.0f} s: a rank may have failed before it got there (see its "
+                    "output), or the ranks open their Runtimes in different orders"
                 )
             await trio.sleep(backoff)
             backoff = min(2 * backoff, 0.01)
@@ -127,13 +134,15 @@ class Transport:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, start: Callable[[], Any], done: Done | None) -> None:
+    def submit(self, start: Callable[[], Any], done: Done | None, spin: float = 0.0) -> None:
         """Run ``start()`` (which returns an MPI request) on the transport thread, then
-        ``done(error or None)`` there once the request completed."""
-        self._queue.put((start, done))
+        ``done(error or None)`` there once the request completed; ``spin``: seconds to
+        poll it without sleeping."""
+        self._queue.put((start, done, spin))
 
-    def call(self, start: Callable[[], Any]) -> None:
-        """Run an operation and wait for it, off MPI, on the calling (stream) thread."""
+    def call(self, start: Callable[[], Any], nbytes: int) -> None:
+        """Run a collective of ``nbytes`` and wait for it, off MPI, on the calling (stream)
+        thread."""
         finished = threading.Event()
         errors: list[BaseException | None] = []
 
@@ -141,7 +150,7 @@ class Transport:
             errors.append(error)
             finished.set()
 
-        self.submit(start, done)
+        self.submit(start, done, SPIN_BASE + nbytes / SPIN_BANDWIDTH)
         while not finished.wait(0.2):
             if self._closed:
                 raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
@@ -176,13 +185,15 @@ class Transport:
 
     def _loop(self) -> None:
         MPI = self.MPI
-        live: list[tuple[Any, Done | None]] = []
+        live: list[tuple[Any, Done | None, bool]] = []  # request, callback, a collective
+        collectives = 0
         notice = bytearray(NOTICE_BYTES)
         status = MPI.Status()
         listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
         heard = dict.fromkeys(self.peers, time.monotonic())
         left: set[int] = set()
-        next_beat = 0.0
+        next_beat = next_control = 0.0
+        spin_until = 0.0
         backoff = MIN_BACKOFF
         carried: list = []
         try:
@@ -193,7 +204,10 @@ class Transport:
                         self._leave(live, listen)
                         return
                     busy = True
-                    start, done = item
+                    start, done, spin = item
+                    if spin:
+                        spin_until = max(spin_until, time.monotonic() + spin)
+                        collectives += 1
                     try:
                         started = start()
                     except Exception as exc:  # noqa: BLE001 - the caller hears of it
@@ -202,9 +216,9 @@ class Transport:
                         done(exc)
                         continue
                     for request in started if isinstance(started, list) else [started]:
-                        live.append((request, done))
+                        live.append((request, done, bool(spin)))
                 if live:
-                    finished = MPI.Request.Testsome([r for r, _ in live]) or []
+                    finished = MPI.Request.Testsome([x[0] for x in live]) or []
                     if finished:
                         busy = True
                         finished_set = set(finished)
@@ -212,41 +226,54 @@ class Transport:
                             done = live[k][1]
                             if done is not None:
                                 done(None)
+                            collectives -= live[k][2]
                         live = [x for k, x in enumerate(live) if k not in finished_set]
                         for executor in self._dirty:
                             executor.flush()
                         self._dirty.clear()
                 now = time.monotonic()
-                while listen.Test(status):
-                    source, tag = status.Get_source(), status.Get_tag()
-                    heard[source] = now
-                    message = bytes(notice[: status.Get_count()])
-                    if tag == FAILED:
-                        self._fail(RankError(message.decode(errors="replace")))
-                    elif tag == BYE:
-                        left.add(source)
-                    elif tag == QUERY:
-                        self.on_query(source, message)
-                    elif tag == REPLY:
-                        self.on_reply(message)
-                    listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
-                if now >= next_beat:
-                    live.extend((self.control.Isend(b"", dest=p, tag=BEAT), None) for p in self.peers if p not in left)
-                    next_beat = now + HEARTBEAT
-                for peer in self.peers:
-                    if peer not in left and now - heard[peer] > LOST_AFTER:
-                        self._fail(RankError(
-                            f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
-                            "(its process died or hangs, or its host is unreachable)"
-                        ))
-                        left.add(peer)
-                backoff = MIN_BACKOFF if busy else min(2 * backoff, MAX_BACKOFF)
+                if now >= next_control:
+                    next_control = now + CONTROL_EVERY
+                    listen = self._hear(listen, notice, status, heard, left, now)
+                    if now >= next_beat:
+                        beats = (self.control.Isend(b"", dest=p, tag=BEAT) for p in self.peers if p not in left)
+                        live.extend((beat, None, False) for beat in beats)
+                        next_beat = now + HEARTBEAT
+                    for peer in self.peers:
+                        if peer not in left and now - heard[peer] > LOST_AFTER:
+                            self._fail(RankError(
+                                f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
+                                "(its process died or hangs, or its host is unreachable)"
+                            ))
+                            left.add(peer)
+                if live and now < spin_until:
+                    time.sleep(0)
+                    continue
+                most = COLLECTIVE_BACKOFF if collectives else MAX_BACKOFF
+                backoff = MIN_BACKOFF if busy else min(2 * backoff, most)
                 try:
                     carried.append(self._queue.get(timeout=backoff))
                 except queue.Empty:
                     pass
         except MPI.Exception as exc:
             self._fail(RankError(f"rank {self.rank}: MPI failed: {exc}"))
+
+    def _hear(self, listen: Any, notice: bytearray, status: Any, heard: dict, left: set, now: float) -> Any:
+        """Handle the control messages that came; returns the receive posted for the next."""
+        while listen.Test(status):
+            source, tag = status.Get_source(), status.Get_tag()
+            heard[source] = now
+            message = bytes(notice[: status.Get_count()])
+            if tag == FAILED:
+                self._fail(RankError(message.decode(errors="replace")))
+            elif tag == BYE:
+                left.add(source)
+            elif tag == QUERY:
+                self.on_query(source, message)
+            elif tag == REPLY:
+                self.on_reply(message)
+            listen = self.control.Irecv(notice, source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG)
+        return listen
 
     def _fail(self, exc: RankError) -> None:
         if not self._failed:
@@ -259,7 +286,7 @@ class Transport:
         if not self._failed:
             live.extend((self.control.Isend(b"", dest=p, tag=BYE), None) for p in self.peers)
         deadline = time.monotonic() + LEAVE_WAIT
-        pending = [r for r, _ in live]
+        pending = [x[0] for x in live]
         while pending and time.monotonic() < deadline and not self.MPI.Request.Testall(pending):
             time.sleep(MAX_BACKOFF)
         listen.Cancel()
