@@ -1,32 +1,34 @@
 """What running over ranks (one process per rank, MPI between them) costs, against the
-same work in one process, on this machine's loopback:
+same work in one process and against bare MPI, on this machine's loopback:
 
 (a) all_reduce: a plan that is only a 2-rank all_reduce of N MiB float32 (cpu:0 on rank
-    0, cpu:1 on rank 1), fed every iteration, against bare mpi4py ``Allreduce`` on the
-    same sizes in the same two processes. Time per iteration of the collective, taken
-    the same way for both: per iteration, last end minus last start over the two ranks'
-    spans (the moment the later rank arrived until both have the result), so neither
-    side is charged for the ranks arriving apart. Bandwidth is algorithm bytes (N) over
-    that time. A second actorflow row feeds nothing (the all_reduce reads parameters) to
-    show what the per-iteration feed copy takes from the collective beside it.
+    0, cpu:1 on rank 1), fed every iteration, against bare mpi4py blocking ``Allreduce``
+    (which busy-polls: MPI's best case) on the same sizes in the same two processes. The
+    time of one collective is taken the same way for both: per iteration, last end minus
+    last start over the two ranks' spans (from the later rank's arrival until both hold
+    the result), so neither side is charged for the ranks arriving apart; the median
+    over iterations. Bandwidth is algorithm bytes (N) over that time. A second actorflow
+    column feeds nothing (the all_reduce reads parameters): what the feed's copy beside
+    the collective costs it.
 (b) one hop: a chain of cheap ops alternating cpu:0 and cpu:1 (``to_device`` then
-    ``relu`` on a float32[1]), on 2 ranks (each hop is a send/recv pair over MPI)
-    against the same plan in one process (each hop a copy actor). Per hop, the slope
-    between a short and a long chain, so feeding, fetching and the host's round trip
-    cancel out: latency (one iteration per ``Session.run``) and throughput (many
-    iterations pipelined in one ``run``: what a hop costs the host).
-(c) data parallel: benchmarks/overlap.py's MLP training step (its builder, its default
-    widths and batch, schedule (4): compute-first and fused gradients), no emulated
-    link, on 2 ranks against 2 devices in one process and the whole batch on 1 device.
+    ``relu`` on a float32[1]), on 2 ranks (each hop a send/recv pair over MPI) against
+    the same chain in one process (each hop a copy actor). Per hop: the slope between a
+    short and a long chain, so feeding, fetching and the host's round trip cancel out;
+    as latency (one iteration per ``Session.run``) and as throughput (many iterations
+    pipelined in one ``run``: what a hop costs the host).
+(c) data parallel: benchmarks/overlap.py's training step (its builder, default widths and
+    batch, its schedule (4): compute-first, gradients fused in 1 MiB buckets), no
+    emulated link, on 2 ranks, against 2 devices in one process and 1 device.
 (d) pipeline: benchmarks/pipeline.py's 2-stage MLP (its config and ``measure``) on 2
-    ranks, bubble per stage (from both ranks' spans on one timeline) against the theory
+    ranks: bubble per stage, from both ranks' spans on one timeline, against the theory
     (p-1)/(m+p-1) and against the same run in one process.
 
-Each part runs in its own ``actorflow launch -n 2`` (this script with ``--worker PART``);
-rank 0 prints its numbers as one JSON line, which this process reads. The one-process
-baselines of (b) and (c) run on rank 0 of the same launch, interleaved with the ranks'
-runs, while rank 1 sleeps in a polled barrier; (d)'s in this process. Figures are
-medians over --repeats; ratios are taken per repeat, then the median.
+Each part runs in its own ``actorflow launch -n 2`` of this script (``--worker PART``,
+with this run's options); rank 0 prints its numbers as one JSON line, which this process
+reads. The one-process runs of (b) and (c) take turns with the 2-rank runs on rank 0 of
+the same launch, while rank 1 sleeps in a polled barrier; (d)'s run here, after its
+launch. Figures are medians over the repeats; ratios are taken per repeat, then the
+median.
 
 Run: python benchmarks/ranks.py [--quick] [--repeats 5] [--parts a b c d]
 """
@@ -34,6 +36,7 @@ Run: python benchmarks/ranks.py [--quick] [--repeats 5] [--parts a b c d]
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -49,24 +52,28 @@ import numpy as np
 import actorflow as af
 import overlap  # the other benchmarks' builders: benchmarks/ is on sys.path when this script runs
 import pipeline
+from actorflow.runtime.transport import gather, mpi
 from actorflow.text import columns
+from actorflow.world import this_rank
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "
 TWO_RANKS = [["cpu:0"], ["cpu:1"]]
-DATA_PARALLEL = dict(priority=True, fusion=True, bucket_cap=1 << 20)
-"""overlap.py's schedule (4); its bucket cap (1 MiB) too."""
 OVERLAP_SIZES = [128] + [512] * 8
 """overlap.py's default widths (an argparse default there, so not importable)."""
+OVERLAP_SCHEDULE = dict(priority=True, fusion=True, bucket_cap=1 << 20)
+"""overlap.py's schedule (4) with its bucket cap."""
+PIPELINE = dict(width=512, layers=4, batch=4096)
+"""pipeline.py's defaults."""
 
 
 # -- (a) all_reduce ------------------------------------------------------------------
 
 
 def all_reduce_plan(n: int, fed: bool) -> af.Plan:
-    """One all_reduce of float32[n] over cpu:0 (rank 0) and cpu:1 (rank 1); each rank
-    fetches one element of its result, so outputs crossing ranks stay tiny."""
+    """One all_reduce of float32[n] over cpu:0 (rank 0) and cpu:1 (rank 1), its inputs
+    fed (or parameters); each rank fetches one element of its result, so the outputs,
+    which every rank receives, stay tiny."""
     with af.Graph() as g:
         if fed:
             parts = [af.placeholder(f"x{k}", (n,), "float32", f"cpu:{k}") for k in range(2)]
@@ -77,13 +84,12 @@ def all_reduce_plan(n: int, fed: bool) -> af.Plan:
     return af.compile(g, ranks=TWO_RANKS)
 
 
-def collective_times(spans) -> dict[int, tuple[float, float]]:
-    """(start, end) of this rank's collective kernel per iteration."""
-    return {s.args["iteration"]: (s.start, s.end) for s in spans if s.category == "collective"}
+Times = dict[int, tuple[float, float]]
+"""(start, end) per iteration, perf_counter seconds (one clock for all ranks of a host)."""
 
 
-def meet(per_rank: list[dict[int, tuple[float, float]]]) -> float:
-    """Median over iterations of last end minus last start over ranks (one host, one clock)."""
+def meet(per_rank: list[Times]) -> float:
+    """Median over iterations of the last end minus the last start over the ranks."""
     common = set.intersection(*(set(times) for times in per_rank))
     return statistics.median(
         max(times[i][1] for times in per_rank) - max(times[i][0] for times in per_rank) for i in common
@@ -91,34 +97,30 @@ def meet(per_rank: list[dict[int, tuple[float, float]]]) -> float:
 
 
 def actorflow_all_reduce(plan: af.Plan, feeds: dict, iterations: int) -> float | None:
-    """Seconds per collective (rank 0; None elsewhere), from the trace of ``iterations``
-    pipelined iterations of a warm session."""
+    """Seconds per collective (on rank 0; None elsewhere), from the kernel spans of
+    ``iterations`` pipelined iterations of a warm session."""
     with af.Session(plan, trace=True) as s:
         s.run([feeds] * 2)
         s.recorder.spans.clear()
         s.run([feeds] * iterations)
-        mine = collective_times(s.recorder.spans)
+        mine = {sp.args["iteration"]: (sp.start, sp.end) for sp in s.recorder.spans if sp.category == "collective"}
     everyone = gather(mine)
     return None if everyone is None else meet(everyone)
 
 
 def bare_all_reduce(buffer: np.ndarray, iterations: int, in_place: bool) -> float | None:
-    """Seconds per blocking mpi4py Allreduce of ``buffer`` (rank 0; None elsewhere), each
-    after a barrier. Blocking calls busy-poll: the best case for bare MPI."""
-    from mpi4py import MPI
-
+    """Seconds per blocking mpi4py Allreduce of ``buffer`` (on rank 0; None elsewhere),
+    each after a barrier, timed as ``actorflow_all_reduce`` is."""
+    MPI = mpi()
     comm = MPI.COMM_WORLD
     out = np.empty_like(buffer)
     times = {}
     for i in range(iterations + 1):
         comm.Barrier()
         start = time.perf_counter()
-        if in_place:
-            comm.Allreduce(MPI.IN_PLACE, out)
-        else:
-            comm.Allreduce(buffer, out)
+        comm.Allreduce(MPI.IN_PLACE if in_place else buffer, out)
         times[i] = (start, time.perf_counter())
-    del times[0]  # warm-up: first touch of ``out``
+    del times[0]  # the first touch of ``out``
     everyone = gather(times)
     return None if everyone is None else meet(everyone)
 
@@ -128,12 +130,12 @@ def part_a(args) -> dict:
     for mib in args.mib:
         n = mib * 2**20 // 4
         feeds = {f"x{k}": np.ones(n, np.float32) for k in range(2)}
-        plans = {"fed": all_reduce_plan(n, True), "unfed": all_reduce_plan(n, False)}
+        fed, unfed = all_reduce_plan(n, True), all_reduce_plan(n, False)
+        iterations = max(6, args.iterations * 4 // max(mib, 4))
         runs: dict[str, list] = {"fed": [], "unfed": [], "bare": [], "bare_out": []}
-        iterations = max(4, min(args.iterations, args.iterations * 4 // mib))
         for _ in range(args.repeats):
-            runs["fed"].append(actorflow_all_reduce(plans["fed"], feeds, iterations))
-            runs["unfed"].append(actorflow_all_reduce(plans["unfed"], {}, iterations))
+            runs["fed"].append(actorflow_all_reduce(fed, feeds, iterations))
+            runs["unfed"].append(actorflow_all_reduce(unfed, {}, iterations))
             runs["bare"].append(bare_all_reduce(feeds["x0"], iterations, in_place=True))
             runs["bare_out"].append(bare_all_reduce(feeds["x0"], iterations, in_place=False))
         rows.append({"mib": mib, "iterations": iterations, **runs})
@@ -154,7 +156,7 @@ def hop_chain(hops: int, ranks: int) -> af.Plan:
 
 
 def chain_times(plan: af.Plan, iterations: int) -> tuple[float, float]:
-    """(seconds per iteration run alone, seconds per iteration pipelined) in a warm session."""
+    """(seconds per iteration run alone, seconds per iteration pipelined), warm session."""
     feeds = {"x": np.ones(1, np.float32)}
     with af.Session(plan) as s:
         s.run([feeds] * 2)
@@ -168,11 +170,11 @@ def chain_times(plan: af.Plan, iterations: int) -> tuple[float, float]:
     return alone, pipelined
 
 
-def per_hop(plans: dict[int, af.Plan], iterations: int) -> tuple[float, float]:
-    """(latency, throughput cost) per hop: the slope between the shortest and longest chain."""
+def per_hop(plans: dict[int, af.Plan], iterations: int) -> list[float]:
+    """[latency, throughput cost] per hop: the slope from the shortest to the longest chain."""
     short, long = min(plans), max(plans)
     a, b = chain_times(plans[short], iterations), chain_times(plans[long], iterations)
-    return tuple((y - x) / (long - short) for x, y in zip(a, b))
+    return [(y - x) / (long - short) for x, y in zip(a, b)]
 
 
 def part_b(args) -> dict:
@@ -208,8 +210,8 @@ def part_c(args) -> dict:
         "y": rng.standard_normal((batch, sizes[-1])).astype(np.float32),
     }
     no_link = (None, 0.0)
-    ranks = overlap.data_parallel(sizes, batch, no_link, ranks=2, **DATA_PARALLEL)
-    local = overlap.data_parallel(sizes, batch, no_link, ranks=1, **DATA_PARALLEL)
+    ranks = overlap.data_parallel(sizes, batch, no_link, ranks=2, **OVERLAP_SCHEDULE)
+    local = overlap.data_parallel(sizes, batch, no_link, ranks=1, **OVERLAP_SCHEDULE)
     single = one_device(sizes, batch)
     runs: dict[str, list] = {"ranks": [], "local": [], "one": []}
     for _ in range(args.repeats):
@@ -222,62 +224,51 @@ def part_c(args) -> dict:
 # -- (d) pipeline --------------------------------------------------------------------
 
 
-def pipeline_args(args) -> argparse.Namespace:
-    """pipeline.py's defaults, with this run's steps and repeats."""
-    return argparse.Namespace(width=512, layers=4, batch=4096, steps=args.pipeline_steps, repeats=args.repeats)
-
-
-def measure_pipeline(args) -> dict:
-    """Per schedule and m: (samples/s, bubble per stage, theory), medians over the repeats."""
+def part_d(args) -> dict:
+    """Per schedule and m: samples/s, bubble per stage and theory, medians over the
+    repeats (pipeline.py's ``measure``: ``train`` on every rank; rank 0's result holds
+    every stage's bubble, from the spans of both ranks)."""
+    options = argparse.Namespace(**PIPELINE, steps=args.pipeline_steps, repeats=args.pipeline_repeats)
     out = {}
     for schedule in args.schedules:
         for m in args.micro_batches:
-            throughput, bubbles, _, _, theory = pipeline.measure(pipeline_args(args), ["cpu:0", "cpu:1"], m, schedule)
-            out[f"{schedule} {m}"] = {"samples": throughput, "bubbles": bubbles, "theory": theory}
+            samples, bubbles, _, _, theory = pipeline.measure(options, ["cpu:0", "cpu:1"], m, schedule)
+            out[f"{schedule} {m}"] = {"samples": samples, "bubbles": bubbles, "theory": theory}
     return out
 
 
 # -- running the parts ---------------------------------------------------------------
 
 
-def gather(obj):
-    """Every rank's ``obj`` on rank 0 (None elsewhere), meeting at a barrier polled with
-    back-off (a rank waiting here leaves the cores to the other)."""
-    from actorflow.runtime.transport import gather as transport_gather
-
-    return transport_gather(obj)
-
-
 def on_rank0(measure):
-    """``measure()`` on rank 0 alone (in one process: its plan has ranks=1) while the
-    other ranks sleep in ``gather``; its result on rank 0, None elsewhere."""
-    from actorflow.world import this_rank
-
+    """``measure()`` on rank 0 alone (a one-process plan) while the other rank sleeps in
+    ``gather``'s barrier, polled with back-off, leaving the cores to rank 0; the result
+    on rank 0, None elsewhere."""
     result = measure() if this_rank() == 0 else None
     gather(None)
     return result
 
 
-WORKERS = {"a": part_a, "b": part_b, "c": part_c}
+PARTS = {"a": part_a, "b": part_b, "c": part_c, "d": part_d}
 
 
 def worker(args) -> int:
-    from actorflow.world import this_rank
-
-    result = WORKERS[args.worker](args) if args.worker != "d" else measure_pipeline(args)
+    result = PARTS[args.worker](args)
     if this_rank() == 0:
         print(RESULT + json.dumps(result), flush=True)
     return 0
 
 
-def launch(part: str, argv: list[str], timeout: float) -> dict:
-    """Run ``--worker part`` on 2 ranks; rank 0's JSON. On a time-out the launcher gets
-    SIGTERM (it stops mpiexec and the ranks), then SIGKILL if it lingers."""
+def launch(part: str, timeout: float) -> dict:
+    """Run this script with ``--worker part`` (and this run's options) on 2 ranks; rank
+    0's JSON. Past ``timeout`` the launcher gets SIGTERM (it stops mpiexec and the ranks,
+    killing their tree if they linger), then SIGKILL."""
     command = [sys.executable, "-m", "actorflow.cli", "launch", "-n", "2", "--",
-               sys.executable, str(Path(__file__).resolve()), "--worker", part, *argv]
+               sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--worker", part]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -288,21 +279,10 @@ def launch(part: str, argv: list[str], timeout: float) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         raise SystemExit(f"part ({part}) did not finish within {timeout:.0f} s:\n{out}")
-    lines = out.splitlines()
-    found = [json.loads(line.split(RESULT, 1)[1]) for line in lines if line.startswith(f"[0] {RESULT}")]
+    found = [line.split(RESULT, 1)[1] for line in out.splitlines() if line.startswith(f"[0] {RESULT}")]
     if proc.returncode != 0 or not found:
         raise SystemExit(f"part ({part}) failed (exit status {proc.returncode}):\n{out}")
-    return found[0]
-
-
-def worker_argv(args) -> list[str]:
-    """The options a worker needs, as this run got them."""
-    return [
-        "--repeats", str(args.repeats), "--iterations", str(args.iterations), "--mib", *map(str, args.mib),
-        "--hops", *map(str, args.hops), "--hop-iterations", str(args.hop_iterations),
-        "--batch", str(args.batch), "--steps", str(args.steps), "--pipeline-steps", str(args.pipeline_steps),
-        "--micro-batches", *map(str, args.micro_batches), "--schedules", *args.schedules,
-    ]
+    return json.loads(found[0])
 
 
 # -- the tables ----------------------------------------------------------------------
@@ -312,129 +292,142 @@ def median(values) -> float:
     return statistics.median(values)
 
 
-def ratios(top, bottom) -> float:
-    """Median of the per-repeat ratios."""
+def ratio(top: list[float], bottom: list[float]) -> float:
+    """The median of the per-repeat ratios top / bottom."""
     return median([a / b for a, b in zip(top, bottom)])
 
 
 def table_a(result: dict) -> list[str]:
-    header = ("MiB", "iters", "actorflow fed", "GB/s", "unfed", "GB/s", "bare in place", "GB/s",
+    header = ("MiB", "iterations", "actorflow fed", "GB/s", "unfed", "GB/s", "bare in place", "GB/s",
               "bare out of place", "GB/s", "fed / bare", "unfed / bare")
     rows = []
     for r in result["rows"]:
-        nbytes = r["mib"] * 2**20
         cells = [str(r["mib"]), str(r["iterations"])]
         for key in ("fed", "unfed", "bare", "bare_out"):
-            cells += [f"{median(r[key]) * 1e3:.2f} ms", f"{nbytes / median(r[key]) / 1e9:.2f}"]
-        # bandwidth ratio = time ratio inverted: bare time / actorflow time, per repeat
-        cells += [f"{ratios(r['bare'], r['fed']):.2f}x", f"{ratios(r['bare'], r['unfed']):.2f}x"]
+            cells += [f"{median(r[key]) * 1e3:.2f} ms", f"{r['mib'] * 2**20 / median(r[key]) / 1e9:.2f}"]
+        # the bandwidth ratio: bare time over actorflow time
+        cells += [f"{ratio(r['bare'], r['fed']):.2f}x", f"{ratio(r['bare'], r['unfed']):.2f}x"]
         rows.append(tuple(cells))
     return columns([header, *rows])
 
 
-def table_b(result: dict, args) -> list[str]:
-    header = ("hop", "2 ranks µs/hop", "1 process µs/hop", "ranks / process")
+def table_b(result: dict) -> list[str]:
+    header = ("per hop", "2 ranks µs", "1 process µs", "2 ranks / 1 process")
     rows = []
     for k, what in enumerate(("latency (one iteration per run)", "throughput (pipelined)")):
-        ours = [r[k] for r in result["ranks"]]
-        theirs = [r[k] for r in result["local"]]
-        rows.append((what, f"{median(ours) * 1e6:.1f}", f"{median(theirs) * 1e6:.1f}", f"{ratios(ours, theirs):.2f}x"))
+        ours, theirs = [r[k] for r in result["ranks"]], [r[k] for r in result["local"]]
+        rows.append((what, f"{median(ours) * 1e6:.1f}", f"{median(theirs) * 1e6:.1f}", f"{ratio(ours, theirs):.2f}x"))
     return columns([header, *rows])
 
 
 def table_c(result: dict) -> list[str]:
     one = result["one"]
-    header = ("placement", "ms/step", "speed-up over 1 device")
     rows = [
-        ("2 ranks (cpu:0 | cpu:1)", f"{median(result['ranks']) * 1e3:.2f}", f"{ratios(one, result['ranks']):.2f}x"),
-        ("2 devices, 1 process", f"{median(result['local']) * 1e3:.2f}", f"{ratios(one, result['local']):.2f}x"),
-        ("1 device", f"{median(one) * 1e3:.2f}", "1.00x"),
+        (label, f"{median(result[key]) * 1e3:.2f}", f"{ratio(one, result[key]):.2f}x")
+        for label, key in (("2 ranks (cpu:0 | cpu:1)", "ranks"), ("2 devices in 1 process", "local"), ("1 device", "one"))
     ]
-    return columns([header, *rows])
+    return columns([("placement", "ms/step", "speed-up over 1 device"), *rows])
 
 
 def table_d(ranks: dict, local: dict) -> list[str]:
-    header = ("schedule", "m", "theory", "2 ranks s0", "s1", "max |diff|", "1 process s0", "s1",
-              "samples/s ranks / 1 process")
+    header = ("schedule", "m", "theory", "2 ranks s0", "s1", "worst |bubble - theory|", "1 process s0", "s1",
+              "samples/s 2 ranks / 1 process")
     rows = []
     for key, r in ranks.items():
         schedule, m = key.split()
         mine = local[key]
-        worst = max(abs(b - r["theory"]) for b in r["bubbles"])
         rows.append((
-            schedule, m, f"{r['theory']:.3f}", f"{r['bubbles'][0]:.3f}", f"{r['bubbles'][1]:.3f}", f"{worst:.3f}",
+            schedule, m, f"{r['theory']:.3f}", f"{r['bubbles'][0]:.3f}", f"{r['bubbles'][1]:.3f}",
+            f"{max(abs(b - r['theory']) for b in r['bubbles']):.3f}",
             f"{mine['bubbles'][0]:.3f}", f"{mine['bubbles'][1]:.3f}", f"{r['samples']:,.0f} / {mine['samples']:,.0f}",
         ))
     return columns([header, *rows])
 
 
-def goals(a: dict | None, c: dict | None, d: dict | None) -> list[str]:
+def goals(results: dict) -> list[str]:
     lines = []
-    if a is not None:
-        worst = min(ratios(r["bare"], r["fed"]) for r in a["rows"])
-        lines.append(f"(a) all_reduce bandwidth >= 0.9x bare MPI at every size: {'met' if worst >= 0.9 else 'NOT met'} (worst {worst:.2f}x)")
-    if c is not None:
-        speed = ratios(c["one"], c["ranks"])
-        lines.append(f"(c) 2 ranks >= 1.85x of 1 device: {'met' if speed >= 1.85 else 'NOT met'} ({speed:.2f}x)")
-    if d is not None:
-        worst = max(abs(b - r["theory"]) for r in d.values() for b in r["bubbles"])
-        lines.append(f"(d) bubble within 0.05 of theory: {'met' if worst <= 0.05 else 'NOT met'} (worst {worst:.3f})")
+    if "a" in results:
+        worst = min(ratio(r["bare"], r["fed"]) for r in results["a"]["rows"])
+        lines.append(f"(a) all_reduce bandwidth >= 0.9x bare MPI at every size: {_met(worst >= 0.9)} (worst {worst:.2f}x)")
+    if "c" in results:
+        c = results["c"]
+        speed = ratio(c["one"], c["ranks"])
+        lines.append(f"(c) 2 ranks >= 1.85x of 1 device: {_met(speed >= 1.85)} ({speed:.2f}x)")
+    if "d" in results:
+        worst = max(abs(b - r["theory"]) for r in results["d"].values() for b in r["bubbles"])
+        lines.append(f"(d) every bubble within 0.05 of theory: {_met(worst <= 0.05)} (worst {worst:.3f})")
     return lines
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def report(args, results: dict, local_pipeline: dict | None) -> None:
+    if "a" in results:
+        print("\n(a) 2-rank all_reduce (sum) of float32: time of one collective, from both ranks' spans; "
+              "GB/s = MiB x 2^20 / time; ratio = bare in-place time / actorflow time")
+        print("\n".join(table_a(results["a"])))
+    if "b" in results:
+        print(f"\n(b) one hop of a chain of to_device + relu on float32[1], alternating cpu:0 / cpu:1: "
+              f"the slope from {args.hops[0]} to {args.hops[1]} hops, {args.hop_iterations} iterations")
+        print("\n".join(table_b(results["b"])))
+    if "c" in results:
+        c = results["c"]
+        print(f"\n(c) overlap.py's data-parallel MLP {c['sizes']}, batch {c['batch']}, schedule (4), "
+              f"no emulated link; {args.steps} steps per run")
+        print("\n".join(table_c(c)))
+    if "d" in results:
+        print(f"\n(d) pipeline.py's MLP (width {PIPELINE['width']}, {PIPELINE['layers']} layers, batch "
+              f"{PIPELINE['batch']}) on 2 stages, {args.pipeline_steps} steps per run, medians of "
+              f"{args.pipeline_repeats} runs; bubble per stage from both ranks' spans, theory (p-1)/(m+p-1)")
+        print("\n".join(table_d(results["d"], local_pipeline)))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", nargs="+", default=["a", "b", "c", "d"], choices=["a", "b", "c", "d"])
-    p.add_argument("--repeats", type=int, default=5, help="repeats per figure; medians are printed (default 5)")
-    p.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64], help="(a) all_reduce sizes, MiB")
-    p.add_argument("--iterations", type=int, default=40, help="(a) iterations per repeat at <= 4 MiB (fewer above)")
-    p.add_argument("--hops", type=int, nargs=2, default=[4, 20], help="(b) the short and the long chain")
-    p.add_argument("--hop-iterations", type=int, default=200, help="(b) iterations per chain and repeat")
-    p.add_argument("--batch", type=int, default=2048, help="(c) global batch (overlap.py's default 2048)")
-    p.add_argument("--steps", type=int, default=10, help="(c) steps per timed run")
-    p.add_argument("--pipeline-steps", type=int, default=4, help="(d) steps per run (pipeline.py's default 4)")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="(d) values of m")
-    p.add_argument("--schedules", nargs="+", default=["1f1b", "gpipe"], choices=["1f1b", "gpipe"], help="(d)")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per launched part before it is stopped")
-    p.add_argument("--quick", action="store_true", help="a smoke run: few repeats, small sizes")
-    p.add_argument("--worker", choices=["a", "b", "c", "d"], help=argparse.SUPPRESS)
+    p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
+    p.add_argument("--repeats", type=int, default=5, help="repeats of (a), (b), (c); medians are printed (default 5)")
+    p.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64], help="(a) all_reduce sizes in MiB (default 1 16 64)")
+    p.add_argument("--iterations", type=int, default=40, help="(a) iterations per repeat up to 4 MiB, fewer above (default 40)")
+    p.add_argument("--hops", type=int, nargs=2, default=[4, 20], help="(b) the short and the long chain (default 4 20)")
+    p.add_argument("--hop-iterations", type=int, default=200, help="(b) iterations per chain and repeat (default 200)")
+    p.add_argument("--batch", type=int, default=2048, help="(c) global batch (default 2048, overlap.py's)")
+    p.add_argument("--steps", type=int, default=10, help="(c) steps per timed run (default 10)")
+    p.add_argument("--pipeline-steps", type=int, default=4, help="(d) steps per run (default 4, pipeline.py's)")
+    p.add_argument("--pipeline-repeats", type=int, default=3, help="(d) runs per variant (default 3, pipeline.py's)")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="(d) values of m (default 2 4 8)")
+    p.add_argument("--schedules", nargs="+", default=["1f1b", "gpipe"], choices=["1f1b", "gpipe"], help="(d) (default both)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds a part may run before it is stopped")
+    p.add_argument("--quick", action="store_true", help="a smoke run: one repeat, fewer sizes and steps")
+    p.add_argument("--worker", choices=list(PARTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
-        args.repeats, args.mib, args.iterations, args.hop_iterations = 1, [1, 16], 10, 30
+        args.repeats, args.pipeline_repeats, args.mib, args.iterations, args.hop_iterations = 1, 1, [1, 16], 12, 30
         args.steps, args.pipeline_steps, args.micro_batches, args.schedules = 3, 2, [2, 4], ["1f1b"]
     if args.worker:
         return worker(args)
 
-    from mpi4py import MPI
-
     started = time.perf_counter()
     print(
         f"actorflow ranks benchmark: python {platform.python_version()}, numpy {np.__version__}, "
-        f"{MPI.Get_library_version().splitlines()[0].strip()}, {os.cpu_count()} cores; 2 ranks on loopback "
-        f"(actorflow launch -n 2), medians of {args.repeats} repeats"
+        f"mpi4py {importlib.metadata.version('mpi4py')}, mpich {importlib.metadata.version('mpich')}, "
+        f"{os.cpu_count()} cores; 2 ranks on loopback (actorflow launch -n 2); medians of {args.repeats} repeats"
     )
-    results = {part: launch(part, worker_argv(args), args.timeout) for part in args.parts}
-    if "a" in results:
-        print(f"\n(a) 2-rank all_reduce (sum) of float32, time per collective from both ranks' spans; "
-              f"GB/s = MiB x 2^20 / time; ratio = bare time / actorflow time, per repeat")
-        print("\n".join(table_a(results["a"])))
-    if "b" in results:
-        print(f"\n(b) one hop of a chain to_device + relu on float32[1], alternating cpu:0 / cpu:1: slope "
-              f"between {args.hops[0]} and {args.hops[1]} hops, {args.hop_iterations} iterations")
-        print("\n".join(table_b(results["b"], args)))
-    if "c" in results:
-        c = results["c"]
-        print(f"\n(c) overlap.py's data-parallel MLP {c['sizes']}, batch {c['batch']}, no emulated link, "
-              f"schedule (4) (bucket cap 1 MiB); {args.steps} steps per run")
-        print("\n".join(table_c(c)))
-    if "d" in results:
-        local = measure_pipeline(args)
-        print(f"\n(d) pipeline.py's MLP (width 512, 4 layers, batch 4096) on 2 stages, {args.pipeline_steps} "
-              f"steps per run; bubble per stage from both ranks' spans, theory (p-1)/(m+p-1)")
-        print("\n".join(table_d(results["d"], local)))
+    results, seconds = {}, {}
+    for part in args.parts:
+        begun = time.perf_counter()
+        results[part] = launch(part, args.timeout)
+        seconds[part] = time.perf_counter() - begun
+    local_pipeline = None
+    if "d" in results:  # the same runs in this process (train compiles for the launcher's ranks)
+        begun = time.perf_counter()
+        local_pipeline = part_d(args)
+        seconds["d"] += time.perf_counter() - begun
+    report(args, results, local_pipeline)
     print()
-    print("\n".join(goals(results.get("a"), results.get("c"), results.get("d"))))
-    print(f"({time.perf_counter() - started:.0f} s)")
+    print("\n".join(goals(results)))
+    print(f"({', '.join(f'({k}) {v:.0f} s' for k, v in seconds.items())}; {time.perf_counter() - started:.0f} s in all)")
     return 0
 
 
