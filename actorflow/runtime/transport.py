@@ -10,8 +10,9 @@ would take one of the cores the streams need, even while it only waits for a pee
 But MPI moves a large message only while someone polls it, so after starting a
 collective the thread polls without sleeping for as long as the data could take to
 move (``SPIN_BASE`` plus its bytes at ``SPIN_BANDWIDTH``), then backs off no further than
-``COLLECTIVE_BACKOFF`` while it is in flight (a rank that came early waits for the
-others, and they need its polls to move the data).
+``MOVING_BACKOFF`` while it is in flight (a rank that came early waits for the others,
+and they need its polls to move the data). A send is polled so too, for its bytes'
+time (its receive is usually posted already).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go back to trio in one batch per poll, as a stream's do), and collectives
@@ -51,7 +52,7 @@ MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
 SPIN_BASE = 200e-6
 SPIN_BANDWIDTH = 1e9
-COLLECTIVE_BACKOFF = 100e-6
+MOVING_BACKOFF = 100e-6
 CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
 LOST_AFTER = 3.0
@@ -185,8 +186,8 @@ class Transport:
 
     def _loop(self) -> None:
         MPI = self.MPI
-        live: list[tuple[Any, Done | None, bool]] = []  # request, callback, a collective
-        collectives = 0
+        live: list[tuple[Any, Done | None, bool]] = []  # request, callback, data moving
+        moving = 0
         notice = bytearray(NOTICE_BYTES)
         status = MPI.Status()
         listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
@@ -207,7 +208,7 @@ class Transport:
                     start, done, spin = item
                     if spin:
                         spin_until = max(spin_until, time.monotonic() + spin)
-                        collectives += 1
+                        moving += 1
                     try:
                         started = start()
                     except Exception as exc:  # noqa: BLE001 - the caller hears of it
@@ -226,7 +227,7 @@ class Transport:
                             done = live[k][1]
                             if done is not None:
                                 done(None)
-                            collectives -= live[k][2]
+                            moving -= live[k][2]
                         live = [x for k, x in enumerate(live) if k not in finished_set]
                         for executor in self._dirty:
                             executor.flush()
@@ -249,7 +250,7 @@ class Transport:
                 if live and now < spin_until:
                     time.sleep(0)
                     continue
-                most = COLLECTIVE_BACKOFF if collectives else MAX_BACKOFF
+                most = MOVING_BACKOFF if moving else MAX_BACKOFF
                 backoff = MIN_BACKOFF if busy else min(2 * backoff, most)
                 try:
                     carried.append(self._queue.get(timeout=backoff))
@@ -321,7 +322,8 @@ class CommExecutor:
             self._batch.append((ctx, error, began, time.perf_counter(), error is None, None))
             self._transport.mark_dirty(self)
 
-        self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done)
+        spin = sum(x.nbytes for x in ins) / SPIN_BANDWIDTH  # a send's data, as for a collective
+        self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, spin)
         return self.submitted
 
     def flush(self) -> None:
