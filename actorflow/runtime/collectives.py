@@ -58,7 +58,9 @@ class _Gathering:
         self.transport = transport
         self.comm = comm
         self.local = [plan.rank_of(a.device) == rank for a in actors]
-        self.inputs = [[r for r in map(plan.registers.__getitem__, (i.register for i in a.inputs)) if not r.control] for a in actors]
+        self.inputs = [
+            [plan.registers[i.register] for i in a.inputs if not plan.registers[i.register].control] for a in actors
+        ]
         self.n_outputs = [len(a.outputs) for a in actors]
         owner = [plan.rank_of(a.device) for a in actors]
         counts = [sum(r.nbytes for a, regs in zip(owner, self.inputs) if a == g for r in regs) for g in group]
