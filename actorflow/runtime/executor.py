@@ -71,10 +71,7 @@ class StreamExecutor:
         self._queue.put(_STOP)
 
     def _post(self, batch: list) -> None:
-        try:
-            self._token.run_sync_soon(self._deliver, batch)
-        except trio.RunFinishedError:
-            pass
+        post(self._token, self._deliver, batch)
 
     def _loop(self) -> None:
         batch: list = []
@@ -134,3 +131,12 @@ class StreamExecutor:
                 batch = []
         if batch:
             self._post(batch)
+
+
+def post(token: trio.lowlevel.TrioToken, fn: Callable[..., Any], *args: Any) -> None:
+    """Call ``fn(*args)`` on the trio thread, from any thread, unless the run has ended
+    (``run_sync_soon`` then raises ``RunFinishedError``: at shutdown, nobody is left to tell)."""
+    try:
+        token.run_sync_soon(fn, *args)
+    except trio.RunFinishedError:
+        pass

@@ -34,7 +34,7 @@ from .blas import single_threaded_blas
 from .collectives import across_ranks
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
-from .executor import StreamExecutor
+from .executor import StreamExecutor, post
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
 from .transport import QUERY, REPLY, Transport
@@ -107,9 +107,9 @@ class Runtime:
             self._build(token)
             self._stack.callback(self._stop_threads)
             if self._transport is not None:
-                self._transport.on_failure = functools.partial(_post, token, self.fail)
-                self._transport.on_query = functools.partial(_post, token, self._answer_query)
-                self._transport.on_reply = functools.partial(_post, token, self._got_answer)
+                self._transport.on_failure = functools.partial(post, token, self.fail)
+                self._transport.on_query = functools.partial(post, token, self._answer_query)
+                self._transport.on_reply = functools.partial(post, token, self._got_answer)
                 self._transport.start()
             self._nursery = await self._stack.enter_async_context(trio.open_nursery())
             for driver in self._drivers:
@@ -592,14 +592,6 @@ def _digest(plan: Plan) -> bytes:
     for p in plan.parameters:
         h.update(np.ascontiguousarray(p.value).tobytes())
     return h.digest()
-
-
-def _post(token: trio.lowlevel.TrioToken, fn: Any, *args: Any) -> None:
-    """Call ``fn(*args)`` on the trio thread, from any thread, unless the run has ended."""
-    try:
-        token.run_sync_soon(fn, *args)
-    except trio.RunFinishedError:
-        pass
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:

@@ -47,6 +47,7 @@ from typing import Any
 import trio
 
 from ..errors import RankError
+from .executor import post
 
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
@@ -328,10 +329,7 @@ class CommExecutor:
 
     def flush(self) -> None:
         batch, self._batch = self._batch, []
-        try:
-            self._token.run_sync_soon(self._deliver, batch)
-        except trio.RunFinishedError:
-            pass
+        post(self._token, self._deliver, batch)
 
     def close(self) -> None:
         self._transport.close()
