@@ -257,6 +257,14 @@ class Plan:
         return "\n".join(_summary_lines(self))
 
 
+def transfer_peers(plan: Plan) -> dict[int, Actor]:
+    """Each send's receive and each receive's send (by actor id): the two halves of a
+    register crossing ranks share a tag."""
+    halves = {(a.kind, a.attrs["tag"]): a for a in plan.actors if a.kind in ("send", "recv")}
+    other = {"send": "recv", "recv": "send"}
+    return {a.id: halves[(other[kind], tag)] for (kind, tag), a in halves.items()}
+
+
 def import_path(fn: Callable) -> str:
     """``module:qualname`` of a function that can be imported back, else a clear error."""
     module = getattr(fn, "__module__", None) or (

@@ -23,7 +23,7 @@ import attrs
 
 from ..errors import CompileError
 from ..ops import kernels
-from ..plan import Actor, Consumer, Input, Output, Plan, Register
+from ..plan import Actor, Consumer, Input, Output, Plan
 from ..world import world_size
 
 Ranks = int | Sequence[str | Sequence[str]] | None

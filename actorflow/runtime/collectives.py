@@ -37,10 +37,15 @@ class Across:
         self.transport.call(lambda: self.comm.Iallreduce(send, acc, op=reduce), acc.nbytes)
 
 
+def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
+    """The ranks a collective's participants are on, in order: its group."""
+    return tuple(sorted({plan.rank_of(plan.actors[a].device) for a in coll.actors}))
+
+
 def across_ranks(plan: Plan, coll: Collective, rank: int, transport: Transport) -> Callable[[list, list], Any]:
     """The kernel this rank's participants of ``coll`` run, for a collective over ranks."""
     actors = [plan.actors[a] for a in coll.actors]
-    group = tuple(sorted({plan.rank_of(a.device) for a in actors}))
+    group = ranks_of(plan, coll)
     comm = transport.groups[group]
     first = actors[0]
     if first.op == "all_reduce":

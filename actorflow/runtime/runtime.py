@@ -27,11 +27,11 @@ import numpy as np
 import trio
 
 from ..errors import FeedError, RankError, StallError
-from ..plan import Plan
+from ..plan import Plan, transfer_peers
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
-from .collectives import across_ranks
+from .collectives import across_ranks, ranks_of
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor, post
@@ -92,7 +92,7 @@ class Runtime:
         self._transport = Transport(plan.world) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None)
-        self._sends = {a.attrs["tag"]: a for a in plan.actors if a.kind == "send"}
+        self._peers = transfer_peers(plan)
         self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
 
     async def __aenter__(self) -> Runtime:
@@ -341,7 +341,7 @@ class Runtime:
             if spec.param is None
         ]
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
-            args["inputs"].append([self._sends[actor.attrs["tag"]].name, act])
+            args["inputs"].append([self._peers[actor.id].name, act])
         if waited is not None:
             wait_args = {"iteration": args["iteration"], "for": waited[2]}
             self.recorder.add(stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args)
@@ -582,7 +582,7 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
 
 def _groups(plan: Plan) -> list[tuple[int, ...]]:
     """The groups of ranks that run collectives together, in plan order."""
-    groups = (tuple(sorted({plan.rank_of(plan.actors[a].device) for a in c.actors})) for c in plan.collectives)
+    groups = (ranks_of(plan, c) for c in plan.collectives)
     return list(dict.fromkeys(g for g in groups if len(g) > 1))
 
 

@@ -9,7 +9,7 @@ from enum import Enum
 import attrs
 
 from ..dag import topological_order
-from ..plan import Plan
+from ..plan import Plan, transfer_peers
 from .debug import fed_inputs
 from .driver import Driver, Member
 
@@ -85,7 +85,7 @@ class _Chain:
         self.members = members
         self.base = base
         self.remote: tuple[int, int] | None = None
-        self.peers = {(a.kind, a.attrs["tag"]): a for a in plan.actors if a.kind in ("send", "recv")}
+        self.peers = transfer_peers(plan)
         self.participants = {a: c.actors for c in plan.collectives for a in c.actors}
 
     def walk(self, step: _Step | None) -> str:
@@ -159,7 +159,7 @@ class _Chain:
         the other rank it waits on."""
         actor = member.actor
         if actor.kind in ("send", "recv"):
-            peer = self.peers[("recv" if actor.kind == "send" else "send", actor.attrs["tag"])]
+            peer = self.peers[actor.id]
             return self._across(peer.id, f"its {actor.kind} waits on {peer.name!r}")
         elsewhere = [a for a in self.participants.get(actor.id, ()) if a not in self.members]
         if elsewhere and member.unit.driver.executor.running is not None:
