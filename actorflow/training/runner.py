@@ -17,7 +17,7 @@ from ..runtime.logical import assemble
 from ..runtime.transport import gather
 from ..trace.merge import merge
 from ..trace.metrics import summarize
-from ..trace.recorder import chrome_trace, write_chrome
+from ..trace.recorder import write_chrome
 from .data import Part, step_feeds, synthetic_classification
 from .model import build_graph
 
@@ -80,23 +80,21 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
             if on_step is not None:
                 on_step(step, losses[-1])
         seconds = time.perf_counter() - start
-        spans = session.recorder.spans
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
         parameters = session.parameters()
         if trace is not None:
             session.recorder.write(rank_path(trace, rank) if plan.world > 1 else trace)
     if plan.world > 1:
-        gathered = gather((spans, chrome, stats, parameters))
+        gathered = gather((chrome, stats, parameters))
         if gathered is not None:
-            for _, _, their_stats, their_parameters in gathered:
+            for _, their_stats, their_parameters in gathered:
                 stats |= their_stats
                 parameters |= their_parameters
             parameters = assemble(plan.logical, "parameter", parameters)
-            # on one host the ranks' span times share one clock (CLOCK_MONOTONIC)
-            chrome = chrome_trace(s for theirs, _, _, _ in gathered for s in theirs)
+            chrome = merge([c for c, _, _ in gathered])
             if trace is not None:
-                write_chrome(merge([c for _, c, _, _ in gathered]), trace)
+                write_chrome(chrome, trace)
     stages = config.parallel.stages
     p, m = len(stages), config.parallel.micro_batches
     peaks, quotas = kept_per_stage(plan, stats, stages)
