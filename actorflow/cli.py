@@ -89,7 +89,7 @@ with UCX_TLS=self,sm and UCX_NET_DEVICES=lo unless they are set already.
 -disable-auto-cleanup lets the other ranks report a lost peer instead of being killed.
 Each rank's lines are prefixed with [rank]; the exit status is the worst rank's (128+N
 for one killed by signal N). Ctrl-C and SIGTERM are passed on to the ranks, and what
-is left 3 s later is killed. stdin is not passed on.
+is left 3 s later is killed. stdin goes to rank 0.
 
 examples:
   actorflow launch -n 2 -- actorflow run configs/2x2.yaml
@@ -190,7 +190,8 @@ def _run(config, args) -> int:
 
     trace = args.trace or config.output.trace
     metrics_path = args.metrics or config.output.metrics
-    quiet = args.quiet or this_rank() != 0
+    lead = this_rank() == 0  # under a launcher, rank 0 alone reports
+    quiet = args.quiet or not lead
     bar = tqdm(total=config.train.steps, unit="step", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
 
     def on_step(step: int, loss: float) -> None:
@@ -206,7 +207,7 @@ def _run(config, args) -> int:
         return 2
     finally:
         bar.close()
-    if this_rank() != 0:
+    if not lead:
         return 0
     print(table(config, result))
     if trace:

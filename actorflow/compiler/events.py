@@ -14,12 +14,11 @@ actor that reads one register twice waits once.
 Across ranks nothing waits on an event that only another rank can complete. The
 communication stream starts sends and receives without waiting and finishes them in
 any order, so what it reads (even from itself) and what reads it are synced at
-completion. In a plan over
-several ranks so are the collective streams' results: a collective launched on one rank
-finishes only once every other rank has joined it, which may take work queued on this
-rank behind a wait for that collective (in one process a launched collective has every
-input it needs). Neither kind counts as a stream that feeds another, since neither
-makes one wait.
+completion. In a plan over several ranks so are the collective streams' results: a
+collective launched on one rank finishes only once every other rank has joined it,
+which may take work queued on this rank behind a wait for that collective (in one
+process a launched collective has every input it needs). Neither kind counts as a
+stream that feeds another, since neither makes one wait.
 
 Every input guarantees "producer finished before consumer starts", so if producer P
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
@@ -59,10 +58,12 @@ def insert_events(plan: Plan) -> Plan:
     def sync(actor, producer: int, seen: bool) -> str:
         if producer < 0:
             return "stream"
-        if actor.stream in comm or (stream[producer] in at_completion and stream[producer] != actor.stream):
+        if actor.stream in comm:
             return "completion"
         if stream[producer] == actor.stream:
             return "stream"
+        if stream[producer] in at_completion:
+            return "completion"
         if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
         others = producer_units[unit[actor.id]] - {unit[producer]}

@@ -53,6 +53,8 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
                 "(give ranks as a list of devices per rank to leave a rank without any)"
             )
         return {d: k * ranks // len(order) for k, d in enumerate(order)}, ranks
+    if not ranks:
+        raise CompileError("ranks: the list of devices per rank is empty")
     placement: dict[str, int] = {}
     for rank, held in enumerate(ranks):
         for device in [held] if isinstance(held, str) else held:
@@ -62,8 +64,6 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
     missing = [d for d in order if d not in placement]
     if missing:
         raise CompileError(f"ranks: {missing} are on no rank; list each of the plan's devices {order} once")
-    if not ranks:
-        raise CompileError("ranks: the list of devices per rank is empty")
     return placement, len(ranks)
 
 

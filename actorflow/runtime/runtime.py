@@ -396,8 +396,8 @@ class Runtime:
         if self._transport is not None:
             self._transport.close()
         deadline = time.monotonic() + grace
-        threads = [e.thread for e in self._executors]
-        if self._transport is not None and self._transport.thread.ident is not None:
+        threads = [e.thread for e in self._executors]  # the comm stream's is the transport's
+        if self._transport is not None and self._transport.thread not in threads:
             threads.append(self._transport.thread)
         for thread in threads:
             if thread.is_alive():
@@ -528,16 +528,15 @@ class Runtime:
         if not isinstance(feeds, Mapping):
             raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
         parts = self._feed_parts
-        absent = [name for name in self._local_feeds if name not in feeds and parts.get(name) not in feeds]
-        missing = sorted({parts.get(name, name) for name in absent})
+        whole = {parts.get(name, name) for name in self._local_feeds if name not in feeds}
+        missing = sorted(whole - set(feeds))
         extra = sorted(set(feeds) - self._feed_names - parts.keys())
         if missing or extra:
             raise FeedError(
                 f"{where}feeds do not match the placeholders: missing {missing}, unknown {extra} "
                 f"(expected {sorted(self._feed_names)})"
             )
-        wanted = {parts.get(name, name) for name in self._local_feeds if name not in feeds}
-        split = split_feeds(self.plan, {k: v for k, v in feeds.items() if k in wanted}, where)
+        split = split_feeds(self.plan, {k: v for k, v in feeds.items() if k in whole}, where)
         specs = {f.name: f for f in self.plan.feeds}
         arrays = {}
         for name in self._local_feeds:
