@@ -61,6 +61,7 @@ def test_data_parallel_training_equals_one_device(devices, optimizer, loss_kind)
         np.testing.assert_allclose(parallel[name], single[name], rtol=1e-6, atol=1e-12)
     for a, b in zip(parallel_outs, single_outs):
         np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-6)
+        assert type(a["loss"]) is type(b["loss"]) is np.ndarray
         np.testing.assert_allclose(a["logits"], b["logits"], rtol=1e-6, atol=1e-12)
     losses = [float(o["loss"]) for o in parallel_outs]
     assert losses[-1] < losses[0]

@@ -42,7 +42,8 @@ def feed_names(plan: Plan) -> set[str]:
 
 
 def assemble(logical: tuple[LogicalTensor, ...], kind: str, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Replace the parts of each logical tensor of ``kind`` by the tensor itself."""
+    """Replace the parts of each logical tensor of ``kind`` by the tensor itself: an array,
+    0-d for a scalar, as a tensor of one device is."""
     out = dict(values)
     for lt in logical:
         if lt.kind != kind or not all(p in out for p in lt.parts):
@@ -51,7 +52,7 @@ def assemble(logical: tuple[LogicalTensor, ...], kind: str, values: dict[str, np
         if lt.sbp == "S":
             out[lt.name] = np.concatenate(parts, axis=lt.axis)
         elif lt.sbp == "P":
-            out[lt.name] = np.sum(parts, axis=0)
+            out[lt.name] = np.asarray(np.sum(parts, axis=0))
         else:
             out[lt.name] = parts[0]
     return out
