@@ -1,17 +1,21 @@
 """The Plan: everything the compiler decided, as frozen data the runtime executes.
 
 The compiler and the runtime share nothing but these classes. A Plan round-trips through
-msgpack: kernels and user functions travel as import paths, arrays as raw bytes.
+msgpack: kernels and user functions travel as import paths (by value, pickled with
+cloudpickle, when they have none: lambdas, local functions, a script's own), arrays as raw
+bytes.
 """
 
 from __future__ import annotations
 
 import importlib
+import pickle
 from collections.abc import Callable
 from typing import Any, get_origin
 
 import attrs
 import cattrs
+import cloudpickle
 import msgpack
 import numpy as np
 
@@ -230,7 +234,7 @@ class Plan:
         for actor in self.actors:
             for fn in [actor.kernel, *(v for v in actor.attrs.values() if callable(v))]:
                 try:
-                    import_path(fn)
+                    _function_entry(fn)
                 except PlanSerializationError as e:
                     raise PlanSerializationError(f"actor {actor.name!r}: {e}") from None
         data = {"format": FORMAT_VERSION, "plan": _converter.unstructure(self)}
@@ -238,8 +242,8 @@ class Plan:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Plan:
-        """Read a Plan back. It imports the functions it names and runs them: like pickle,
-        load only plans you trust."""
+        """Read a Plan back. It imports the functions it names, unpickles those it carries
+        by value, and runs them: like pickle, load only plans you trust."""
         try:
             decoded = msgpack.unpackb(
                 data, object_hook=_decode, use_list=False, strict_map_key=False
@@ -265,24 +269,34 @@ def transfer_peers(plan: Plan) -> dict[int, Actor]:
     return {a.id: halves[(other[kind], tag)] for (kind, tag), a in halves.items()}
 
 
-def import_path(fn: Callable) -> str:
-    """``module:qualname`` of a function that can be imported back, else a clear error."""
+def import_path(fn: Callable) -> str | None:
+    """``module:qualname`` of a function that imports back as itself, else None."""
     module = getattr(fn, "__module__", None) or (
         "numpy" if isinstance(fn, np.ufunc) else None
     )
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if not module or not qualname or "<" in qualname or module == "__main__":
-        raise PlanSerializationError(
-            f"cannot serialize {fn!r}: a Plan names functions by import path, so only "
-            "functions defined at the top level of an importable module serialize "
-            "(not lambdas, local functions or functions of __main__)"
-        )
+        return None
     path = f"{module}:{qualname}"
-    if resolve(path) is not fn:
+    try:
+        return path if resolve(path) is fn else None
+    except PlanSerializationError:
+        return None
+
+
+def _function_entry(fn: Callable) -> dict:
+    """A function by import path, which any program with its module can load; one without
+    (a lambda, a local function, a kernel in the script run as ``__main__``) by value."""
+    path = import_path(fn)
+    if path is not None:
+        return {"__function__": path}
+    try:
+        return {"__pickled_function__": cloudpickle.dumps(fn)}
+    except Exception as e:
         raise PlanSerializationError(
-            f"cannot serialize {fn!r}: importing {path} gives another object"
-        )
-    return path
+            f"cannot serialize {fn!r}: it has no import path and cloudpickle cannot carry it "
+            f"by value ({type(e).__name__}: {e}); define it at the top level of a module"
+        ) from e
 
 
 def resolve(path: str) -> Callable:
@@ -302,7 +316,7 @@ def _encode(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return {"__array__": (obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())}
     if callable(obj):
-        return {"__function__": import_path(obj)}
+        return _function_entry(obj)
     raise PlanSerializationError(f"cannot serialize {type(obj).__name__} in a Plan")
 
 
@@ -312,6 +326,8 @@ def _decode(obj: dict) -> Any:
         return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     if "__function__" in obj:
         return resolve(obj["__function__"])
+    if "__pickled_function__" in obj:
+        return pickle.loads(obj["__pickled_function__"])
     return obj
 
 

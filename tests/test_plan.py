@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+
 import msgpack
 import numpy as np
 import pytest
@@ -96,26 +100,64 @@ def test_round_trip_of_a_plan_without_parameters_or_collectives():
 # -- to_bytes errors -----------------------------------------------------------------------
 
 
-def test_lambda_does_not_serialize_and_the_error_names_the_actor():
-    plan = af.compile(build_graph(fn=lambda a: a * 2))
+def test_a_lambda_travels_by_value_and_runs_the_same():
+    factor = np.float32(3)
+    plan = af.compile(build_graph(fn=lambda a: a * factor))
+    back = af.Plan.from_bytes(plan.to_bytes())
+    np.testing.assert_array_equal(af.run(back, feeds())["y"], af.run(plan, feeds())["y"])
+
+
+def test_a_local_function_travels_by_value_and_runs_the_same():
+    def local_triple(a):
+        return a * 3
+
+    plan = af.compile(build_graph(fn=local_triple))
+    back = af.Plan.from_bytes(plan.to_bytes())
+    (user,) = [a for a in back.actors if a.name == "user"]
+    assert user.attrs["fn"] is not local_triple
+    np.testing.assert_array_equal(af.run(back, feeds())["y"], af.run(plan, feeds())["y"])
+
+
+def test_a_kernel_of_a_script_loads_in_another_program(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import sys\n"
+        "import numpy as np\n"
+        "import actorflow as af\n"
+        "def halve(a):\n"
+        "    return a / 2\n"
+        "with af.Graph() as g:\n"
+        "    x = af.placeholder('x', (2, 3), 'float32', 'cpu:0')\n"
+        "    af.output('y', af.ops.call(halve, x, shape=(2, 3), dtype='float32'))\n"
+        "open(sys.argv[1], 'wb').write(af.compile(g).to_bytes())\n"
+    )
+    subprocess.run([sys.executable, str(script), str(tmp_path / "plan.bin")], check=True, timeout=60)
+    plan = af.Plan.from_bytes((tmp_path / "plan.bin").read_bytes())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(af.run(plan, {"x": x})["y"], x / 2)
+
+
+def test_a_function_that_cannot_travel_is_an_error_naming_the_actor():
+    lock = threading.Lock()
+
+    def locked(a):
+        with lock:
+            return a * 2
+
+    plan = af.compile(build_graph(fn=locked))
     with pytest.raises(af.PlanSerializationError, match="'user'") as info:
         plan.to_bytes()
-    assert "lambda" in str(info.value)
-
-
-def test_local_function_does_not_serialize_and_the_error_names_the_actor():
-    def local_double(a):
-        return a * 2
-
-    plan = af.compile(build_graph(fn=local_double))
-    with pytest.raises(af.PlanSerializationError, match="'user'") as info:
-        plan.to_bytes()
-    assert "local_double" in str(info.value)
+    assert "locked" in str(info.value)
 
 
 def test_unserializable_plan_still_runs():
-    plan = af.compile(build_graph(fn=lambda a: a * 2))
-    out = af.run(plan, feeds())
+    lock = threading.Lock()
+
+    def locked(a):
+        with lock:
+            return a * 2
+
+    out = af.run(af.compile(build_graph(fn=locked)), feeds())
     ref = af.run(af.compile(build_graph()), feeds())
     np.testing.assert_array_equal(out["y"], ref["y"])
 
