@@ -1,9 +1,10 @@
 """The training-run config behind ``actorflow run configs/NAME.yaml``.
 
-Loading goes in four steps, and nothing runs until all of them pass: ``yaml.safe_load``
-reads the file; each ``--set dotted.path=value`` override replaces a value in the raw
-mapping; cattrs structures the mapping into the frozen classes below (types, unknown and
-missing keys); plain functions check what types can't say (ranges, divisibility, devices).
+Loading goes in four steps, and nothing runs until all of them pass: PyYAML's safe
+loader reads the file (numbers as YAML 1.2 reads them, so ``1e-3`` is one); each ``--set
+dotted.path=value`` override replaces a value in the raw mapping; cattrs structures the
+mapping into the frozen classes below (types, unknown and missing keys); plain functions
+check what types can't say (ranges, divisibility, devices).
 Every problem is a ConfigError whose message is one line starting with the dotted YAML
 path (``parallel.stages[1]: ...``), or with the file for whole-document problems.
 """
@@ -224,9 +225,25 @@ def _count(n: int, noun: str) -> str:
 # -- YAML and overrides ------------------------------------------------------------
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader reading numbers as YAML 1.2 does: PyYAML follows YAML 1.1,
+    where ``1e-3`` and ``2E5`` (no dot, or no exponent sign) are strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 def _load_yaml(text: str, source: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return _safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -248,7 +265,7 @@ def _override(raw: Mapping[str, Any], override: str) -> dict[str, Any]:
     if "" in keys:
         raise _fail(f"--set {override}", "empty key in the path")
     try:
-        value = yaml.safe_load(text)
+        value = _safe_load(text)
     except yaml.YAMLError as err:
         raise _fail(f"--set {path}", f"invalid YAML value {text!r}: {_yaml_problem(err)}") from None
     node: Any = raw
@@ -273,17 +290,9 @@ def _structure_int(value: Any, _: type) -> int:
     return value
 
 
-_EXPONENT = re.compile(r"[-+]?\d+[eE][-+]?\d+")
-
-
 def _structure_float(value: Any, _: type) -> float:
     if type(value) not in (int, float):
-        hint = ""
-        if isinstance(value, str) and _EXPONENT.fullmatch(value):
-            # YAML 1.1 (PyYAML) reads 1e-3 as a string; the commonest way to get here.
-            mantissa, exponent = value.lower().split("e")
-            hint = f" (YAML reads it as a string: write {mantissa}.0e{exponent})"
-        raise TypeError(f"expected a number, got {_shown(value)}{hint}")
+        raise TypeError(f"expected a number, got {_shown(value)}")
     if not math.isfinite(value):
         raise ValueError(f"expected a finite number, got {_shown(value)}")
     return float(value)
