@@ -11,6 +11,8 @@ it on trio with streams, events and register quotas::
     out = af.run(plan, {"x": xs})
 """
 
+__version__ = "0.1.0"
+
 from . import ops, optim
 from .compiler import compile
 from .errors import (

@@ -5,6 +5,6 @@ import sys
 from .cli import main
 
 args = sys.argv[1:]
-if not args or args[0].startswith("-") and args[0] not in ("-h", "--help"):
+if not args or args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
     args = ["demo", *args]
 sys.exit(main(args))

@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from . import __version__
 from .errors import CompileError, ConfigError
 from .trace.cli import add_commands as add_trace_commands
 
@@ -26,6 +27,7 @@ def parser() -> argparse.ArgumentParser:
         prog="actorflow",
         description="An actor-model dataflow runtime: compile a graph into a Plan of actors and run it.",
     )
+    p.add_argument("--version", action="version", version=f"actorflow {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",

@@ -154,3 +154,13 @@ def test_python_m_actorflow_help():
     proc = run_module("--help")
     assert proc.returncode == 0
     assert proc.stdout.startswith("usage: actorflow")
+
+
+def test_version_is_the_package_version(capsys):
+    import actorflow
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", actorflow.__version__)
+    code, out, _ = run_cli(capsys, "--version")
+    assert (code, out) == (0, f"actorflow {actorflow.__version__}\n")
+    proc = run_module("--version")
+    assert (proc.returncode, proc.stdout) == (0, out)
