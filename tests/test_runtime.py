@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
+import traceback
 
 import attrs
 import numpy as np
@@ -316,6 +318,21 @@ def test_bad_feeds_raise_feed_error_from_af_run():
     with pytest.raises(ValueError):  # a FeedError is a ValueError too
         af.run(plan, {"y": GOOD})
     assert len(userfns.calls) == calls
+
+
+@pytest.mark.parametrize("api", ["run", "session"])
+def test_a_feed_error_is_raised_before_trio_so_its_traceback_is_short(api):
+    plan = two_device_plan()
+    bad = {"x": GOOD[:2]}
+    with pytest.raises(af.FeedError) as info:
+        if api == "run":
+            af.run(plan, bad)
+        else:
+            with af.Session(plan) as s:
+                s.run(bad)
+    files = [frame.filename for frame in traceback.extract_tb(info.tb)]
+    assert not [f for f in files if f"{os.sep}trio{os.sep}" in f], files
+    assert len(files) <= 6, files
 
 
 def test_feeds_that_are_not_a_dict_or_a_list_raise_feed_error():

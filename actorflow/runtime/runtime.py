@@ -20,7 +20,7 @@ import sys
 import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
@@ -41,6 +41,13 @@ from .transport import QUERY, REPLY, Transport
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
+
+
+class CheckedFeeds(NamedTuple):
+    """A run's feeds as ``Runtime.check`` leaves them: one array per local placeholder."""
+
+    single: bool
+    feeds: list[dict[str, np.ndarray]]
 
 
 class Runtime:
@@ -254,9 +261,12 @@ class Runtime:
 
     # -- running -------------------------------------------------------------------
 
-    async def run(self, feeds: Feeds | Sequence[Feeds] | None = None) -> Any:
-        """Run one iteration per feed dict; a single dict gives one dict of outputs back,
-        a list gives a list. Iterations pipeline as far as the quotas allow."""
+    def check(self, feeds: Feeds | Sequence[Feeds] | None = None) -> CheckedFeeds:
+        """The feeds of a run, checked against the plan (names, shapes, dtypes, whole
+        steps): what ``run`` does first. Synchronous and safe from any thread, so the sync
+        API raises a FeedError before entering trio, with a traceback that is yours."""
+        if isinstance(feeds, CheckedFeeds):
+            return feeds
         single = feeds is None or isinstance(feeds, Mapping)
         if not single and (not isinstance(feeds, Sequence) or isinstance(feeds, (str, bytes))):
             raise FeedError(
@@ -264,6 +274,18 @@ class Runtime:
             )
         batch = [feeds or {}] if single else list(feeds)
         arrays = [self._check_feeds(f, k if not single else None) for k, f in enumerate(batch)]
+        m = self.plan.micro_batches
+        if self.plan.actors and len(arrays) % m:
+            raise FeedError(
+                f"this plan takes whole steps of {m} micro-batches (one feed dict each); "
+                f"got {len(arrays)} feed dicts"
+            )
+        return CheckedFeeds(single, arrays)
+
+    async def run(self, feeds: Feeds | Sequence[Feeds] | CheckedFeeds | None = None) -> Any:
+        """Run one iteration per feed dict; a single dict gives one dict of outputs back,
+        a list gives a list. Iterations pipeline as far as the quotas allow."""
+        single, arrays = self.check(feeds)
         if self._state != "open":
             raise RuntimeError("run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`")
         async with self._lock:
@@ -272,12 +294,6 @@ class Runtime:
                 return {} if single else [{} for _ in arrays]
             if not arrays:
                 return []
-            m = self.plan.micro_batches
-            if len(arrays) % m:
-                raise FeedError(
-                    f"this plan takes whole steps of {m} micro-batches (one feed dict each); "
-                    f"got {len(arrays)} feed dicts"
-                )
             self._base = self._iterations
             self._iterations += len(arrays)
             for k, f in enumerate(arrays):

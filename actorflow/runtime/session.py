@@ -29,10 +29,12 @@ def run(
     """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome
     trace there (of ``trace_iterations`` only, if given)."""
 
+    rt = Runtime(plan, trace=trace is not None, trace_iterations=trace_iterations, stall_timeout=stall_timeout)
+    checked = rt.check(feeds)
+
     async def main() -> Any:
-        tracing = dict(trace=trace is not None, trace_iterations=trace_iterations)
-        async with Runtime(plan, **tracing, stall_timeout=stall_timeout) as rt:
-            outputs = await rt.run(feeds)
+        async with rt:
+            outputs = await rt.run(checked)
         if trace is not None:
             rt.recorder.write(trace)
         return outputs
@@ -83,8 +85,9 @@ class Session:
 
     def run(self, feeds: Feeds | list[Feeds] | None = None) -> Any:
         token = self._live_token()
+        checked = self._runtime.check(feeds)
         try:
-            return trio.from_thread.run(self._runtime.run, feeds, trio_token=token)
+            return trio.from_thread.run(self._runtime.run, checked, trio_token=token)
         except trio.RunFinishedError:
             raise self._died() from self._error
         except BaseException:
