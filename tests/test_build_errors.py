@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -297,3 +298,33 @@ def test_non_numeric_dtypes_are_refused(dtype):
             af.placeholder("x", (2,), dtype)
         with pytest.raises(af.GraphError, match="parameter: .*not numeric"):
             af.parameter("w", np.zeros(2, dtype=dtype))
+
+
+def test_an_empty_graph_compiles_with_a_warning_pointing_at_the_call():
+    with af.Graph() as g:
+        pass
+    with pytest.warns(UserWarning, match="the graph is empty") as record:
+        plan = af.compile(g)
+    assert record[0].filename == __file__
+    assert af.run(plan, {}) == {}
+
+
+def test_a_graph_without_outputs_or_updates_compiles_with_a_warning():
+    with af.Graph() as g:
+        x = af.placeholder("x", (2,), "float32", "cpu:0")
+        af.ops.relu(x)
+    with pytest.warns(UserWarning, match="no outputs and updates no parameter"):
+        af.compile(g)
+
+
+def test_a_graph_that_only_trains_compiles_without_a_warning():
+    with af.Graph() as g:
+        x = af.placeholder("x", (4, 3), "float32", "cpu:0")
+        w = af.parameter("w", np.ones((3, 2), np.float32), "cpu:0")
+        af.minimize(af.ops.reduce_sum(af.ops.matmul(x, w)), af.optim.SGD(lr=0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan = af.compile(g)
+    with af.Session(plan) as s:
+        s.run({"x": np.ones((4, 3), np.float32)})
+        np.testing.assert_allclose(s.parameters()["w"], np.ones((3, 2)) - 0.1 * 4)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 
 import attrs
@@ -9,6 +10,7 @@ import attrs
 from ..devices import parse_device
 from ..errors import CompileError
 from ..graph.ir import Graph, Tensor
+from ..ops.registry import lookup
 from ..plan import Plan
 from .check import check
 from .collective_order import order_collectives
@@ -68,6 +70,7 @@ def compile(
     launcher), the devices spread over them in order; an int; or a list of the devices
     of each rank. Every rank compiles the same plan and runs its own devices' actors.
     """
+    _warn_if_nothing_to_see(graph)
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = split_micro_batches(plan, micro_batches)
@@ -104,3 +107,18 @@ def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[st
 
 
 __all__ = ["compile", "check", "expand"]
+
+
+def _warn_if_nothing_to_see(graph: Graph) -> None:
+    """A graph whose runs can show nothing is almost always a mistake; it still compiles."""
+    kinds = {lookup(n.op).kind for n in graph.nodes}
+    if not kinds:
+        problem = "the graph is empty (were its ops built inside `with af.Graph() as g:`?)"
+    elif not kinds & {"fetch", "update"}:
+        problem = (
+            "the graph has no outputs and updates no parameter, so its runs return {} and "
+            "compute nothing: only what an af.output or an update depends on runs"
+        )
+    else:
+        return
+    warnings.warn(problem, stacklevel=3)
