@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from test_cli import run_cli
@@ -126,6 +128,17 @@ def test_run_without_quiet_reports_progress_on_stderr(capsys, tiny):
     assert code == 0
     assert "step 2/2 loss" in err
     assert "step 2/2" not in out  # stdout holds only the table
+
+
+def test_no_progress_bar_frames_when_stderr_is_not_a_terminal(tiny):
+    proc = subprocess.run(
+        [sys.executable, "-m", "actorflow", "run", str(tiny), "--steps", "4"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "\r" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 4 and all(re.fullmatch(rf"step {k}/4 loss \d+\.\d{{4}}", line) for k, line in enumerate(lines, 1)), lines
 
 
 def test_quiet_prints_no_per_step_loss(capsys, tiny):
