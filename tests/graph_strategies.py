@@ -835,3 +835,186 @@ def evaluate(recipe: Recipe, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
         # the interval arithmetic that keeps generated values bounded really bounds them
         assert np.all(v >= value.lo - 1e-6) and np.all(v <= value.hi + 1e-6), value
     return {out: vals[vid] for out, vid in recipe.outputs}
+
+
+# --------------------------------------------------------------------------------------
+# training: micro-batched, pipelined over stages, against numpy backpropagation
+# --------------------------------------------------------------------------------------
+
+ACTIVATIONS = {
+    "relu": (lambda a: np.maximum(a, 0.0), lambda a: (a > 0).astype(np.float64)),
+    "tanh": (np.tanh, lambda a: 1.0 - np.tanh(a) ** 2),
+    "none": (lambda a: a, lambda a: np.ones_like(a)),
+}
+
+
+@dataclass(frozen=True)
+class TrainRecipe:
+    """A dense network trained for ``steps`` steps of ``micro_batches`` x ``rows`` rows:
+    layer k maps widths[k] -> widths[k + 1] on stage ``layer_stage[k]``, with an optional
+    bias and an activation; the loss is the mean squared error against a target or the
+    softmax cross-entropy against labels."""
+
+    stages: tuple[str, ...]
+    micro_batches: int
+    schedule: str | None
+    rows: int
+    widths: tuple[int, ...]
+    layer_stage: tuple[int, ...]
+    bias: tuple[bool, ...]
+    activations: tuple[str, ...]
+    loss: str
+    optimizer: tuple  # ("sgd", lr, momentum) or ("adam", lr)
+    steps: int
+    seed: int
+
+    @property
+    def batch(self) -> int:
+        return self.micro_batches * self.rows
+
+
+@st.composite
+def training_recipes(draw, *, max_stages: int = 3, max_layers: int = 4) -> TrainRecipe:
+    n_stages = draw(st.integers(1, max_stages))
+    layers = draw(st.integers(n_stages, max(n_stages, max_layers)))
+    # every stage gets at least one layer, in order
+    cuts = draw(st.lists(st.integers(1, layers - 1), min_size=n_stages - 1, max_size=n_stages - 1, unique=True)) if n_stages > 1 else []
+    layer_stage = tuple(sum(k >= c for c in cuts) for k in range(layers))
+    widths = tuple(draw(st.lists(st.sampled_from(DIMS), min_size=layers + 1, max_size=layers + 1)))
+    optimizer = draw(st.sampled_from([("sgd", 0.1, 0.0), ("sgd", 0.1, 0.9), ("adam", 0.01)]))
+    m = draw(st.sampled_from([1, 2, 3, 4]))
+    return TrainRecipe(
+        stages=tuple(f"cpu:{i}" for i in range(n_stages)),
+        micro_batches=m,
+        schedule=draw(st.sampled_from(["gpipe", "1f1b"])) if n_stages > 1 else None,
+        rows=draw(st.integers(1, 3)),
+        widths=widths,
+        layer_stage=layer_stage,
+        bias=tuple(draw(st.lists(st.booleans(), min_size=layers, max_size=layers))),
+        activations=tuple(draw(st.lists(st.sampled_from(sorted(ACTIVATIONS)), min_size=layers, max_size=layers))),
+        loss=draw(st.sampled_from(["mse", "cross_entropy"])),
+        optimizer=optimizer,
+        steps=draw(st.integers(1, 3)),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def initial_parameters(recipe: TrainRecipe) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(recipe.seed)
+    params = {}
+    for k in range(len(recipe.layer_stage)):
+        fan_in, fan_out = recipe.widths[k], recipe.widths[k + 1]
+        params[f"w{k}"] = rng.uniform(-1.0, 1.0, (fan_in, fan_out)) / math.sqrt(fan_in)
+        if recipe.bias[k]:
+            params[f"b{k}"] = rng.uniform(-0.1, 0.1, fan_out)
+    return params
+
+
+def training_batches(recipe: TrainRecipe) -> list[dict[str, np.ndarray]]:
+    """One whole batch per step: ``x`` and the ``target`` (floats) or ``labels`` (ints)."""
+    rng = np.random.default_rng(recipe.seed + 1)
+    out_width = recipe.widths[-1]
+    batches = []
+    for _ in range(recipe.steps):
+        b = {"x": rng.standard_normal((recipe.batch, recipe.widths[0]))}
+        if recipe.loss == "mse":
+            b["target"] = rng.standard_normal((recipe.batch, out_width))
+        else:
+            b["labels"] = rng.integers(0, out_width, recipe.batch)
+        batches.append(b)
+    return batches
+
+
+def micro_batch_feeds(recipe: TrainRecipe, batches) -> list[dict[str, np.ndarray]]:
+    """Every step's whole batch cut into its micro-batches, all steps in one list."""
+    r = recipe.rows
+    return [
+        {name: v[k * r : (k + 1) * r] for name, v in b.items()}
+        for b in batches
+        for k in range(recipe.micro_batches)
+    ]
+
+
+def build_training(recipe: TrainRecipe):
+    import actorflow as af
+
+    ops = af.ops
+    params = initial_parameters(recipe)
+    with af.Graph() as g:
+        first = recipe.stages[recipe.layer_stage[0]]
+        h = af.placeholder("x", (recipe.rows, recipe.widths[0]), "float64", first)
+        for k, stage in enumerate(recipe.layer_stage):
+            device = recipe.stages[stage]
+            if h.device != device:
+                h = ops.to_device(h, device)
+            h = ops.matmul(h, af.parameter(f"w{k}", params[f"w{k}"], device))
+            if recipe.bias[k]:
+                h = ops.bias_add(h, af.parameter(f"b{k}", params[f"b{k}"], device))
+            if recipe.activations[k] != "none":
+                h = getattr(ops, recipe.activations[k])(h)
+        last = recipe.stages[-1]
+        if recipe.loss == "mse":
+            loss = ops.mse_loss(h, af.placeholder("target", (recipe.rows, recipe.widths[-1]), "float64", last))
+        else:
+            loss = ops.softmax_cross_entropy(h, af.placeholder("labels", (recipe.rows,), "int64", last))
+        kind, lr, *rest = recipe.optimizer
+        af.minimize(loss, af.optim.SGD(lr=lr, momentum=rest[0]) if kind == "sgd" else af.optim.Adam(lr=lr))
+        af.output("loss", loss)
+    return g
+
+
+def _forward(recipe: TrainRecipe, params, x):
+    """(pre-activations, activations per layer, the network's output)."""
+    pre, acts, h = [], [x], x
+    for k in range(len(recipe.layer_stage)):
+        a = h @ params[f"w{k}"] + (params[f"b{k}"] if recipe.bias[k] else 0.0)
+        h = ACTIVATIONS[recipe.activations[k]][0](a)
+        pre.append(a)
+        acts.append(h)
+    return pre, acts, h
+
+
+def _loss_and_grad(recipe: TrainRecipe, out, batch):
+    """The mean loss of ``out`` over its rows, and its gradient with respect to ``out``."""
+    if recipe.loss == "mse":
+        diff = out - batch["target"]
+        return np.mean(diff**2), 2.0 * diff / diff.size
+    z = out - out.max(axis=1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+    rows = np.arange(len(out))
+    onehot = np.zeros_like(out)
+    onehot[rows, batch["labels"]] = 1.0
+    return -np.mean(logp[rows, batch["labels"]]), (np.exp(logp) - onehot) / len(out)
+
+
+def train_reference(recipe: TrainRecipe, batches) -> tuple[dict[str, np.ndarray], list[float]]:
+    """Whole-batch training in numpy: (final parameters, the loss of every micro-batch of
+    every step, each computed with that step's parameters)."""
+    params = initial_parameters(recipe)
+    state = {name: [np.zeros_like(p), np.zeros_like(p)] for name, p in params.items()}
+    losses = []
+    for t, batch in enumerate(batches, start=1):
+        for micro in micro_batch_feeds(recipe, [batch]):
+            losses.append(float(_loss_and_grad(recipe, _forward(recipe, params, micro["x"])[2], micro)[0]))
+        pre, acts, out = _forward(recipe, params, batch["x"])
+        grad = _loss_and_grad(recipe, out, batch)[1]
+        grads = {}
+        for k in reversed(range(len(recipe.layer_stage))):
+            grad = grad * ACTIVATIONS[recipe.activations[k]][1](pre[k])
+            grads[f"w{k}"] = acts[k].T @ grad
+            if recipe.bias[k]:
+                grads[f"b{k}"] = grad.sum(axis=0)
+            grad = grad @ params[f"w{k}"].T
+        kind, lr, *rest = recipe.optimizer
+        for name, g in grads.items():
+            m, v = state[name]
+            if kind == "sgd":
+                m *= rest[0]
+                m += g
+                params[name] = params[name] - lr * m
+            else:
+                m[:] = 0.9 * m + 0.1 * g
+                v[:] = 0.999 * v + 0.001 * g * g
+                m_hat, v_hat = m / (1 - 0.9**t), v / (1 - 0.999**t)
+                params[name] = params[name] - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+    return params, losses

@@ -1,11 +1,13 @@
 """A two-rank pipeline for the failure tests (run under a launcher by ``test_rank_failures``):
 step k feeds k; ``kernel``: a kernel on rank 1 raises at step 5; ``steady``: every step
 sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway;
-``stall``: rank 1's kernel sleeps 2 s and sends its result back to rank 0, which gives up
-after 1 s. Each rank prints its pid first."""
+``stall``: rank 1's kernel blocks until someone writes to the named pipe given after the
+mode, and sends its result back to rank 0, which gives up after 1 s. Each rank prints its
+pid first."""
 
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -14,16 +16,24 @@ import userfns
 from actorflow.world import this_rank
 
 
-KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.sleep_20ms, "stall": userfns.slow}
+KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.sleep_20ms, "stall": userfns.blocked}
 
 
-def main(mode: str) -> None:
+def release_on_write(fifo: str) -> None:
+    with open(fifo) as f:
+        f.read()
+    userfns.release()
+
+
+def main(mode: str, *args: str) -> None:
     with af.Graph() as g:
         x = af.placeholder("x", shape=(4, 4), dtype="float64", device="cpu:0")
         h = af.ops.to_device(af.ops.relu(x), "cpu:1")
         y = af.ops.call(KERNELS[mode], h, shape=(4, 4), dtype="float64", name="work")
         af.output("y", af.ops.to_device(y, "cpu:0") if mode == "stall" else y)
     plan = af.compile(g, ranks=2)
+    if mode == "stall" and this_rank() == 1:
+        threading.Thread(target=release_on_write, args=args, daemon=True).start()
     print("pid", os.getpid(), flush=True)
     patience = 1.0 if mode == "stall" and this_rank() == 0 else 60.0
     with af.Session(plan, stall_timeout=patience) as session:
@@ -35,4 +45,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import pytest
 from hypothesis import settings
@@ -239,91 +240,243 @@ def test_lacking_ignores_acts_left():
     assert not s.can_act()
 
 
-# -- random sequences ----------------------------------------------------------------------
+# -- holds (a repeat's input) and periods (an accumulate's output) ---------------------------
+
+
+def held(hold: int, quotas=(1,), consumers=(0,), acts=20) -> ActorState:
+    """One input held for ``hold`` acts, outputs published every act."""
+    s = ActorState(1, list(quotas), list(consumers), holds=[hold])
+    s.acts_left = acts
+    return s
+
+
+def periodic(period: int, quota: int = 2, consumers: int = 1, acts: int = 20) -> ActorState:
+    """A source whose one output is published every ``period`` acts."""
+    s = ActorState(0, [quota], [consumers], periods=[period])
+    s.acts_left = acts
+    return s
+
+
+def test_a_held_register_serves_hold_acts_and_is_released_after_the_last():
+    s = held(3)
+    s.on_ready(0, 5, "e5")
+    s.on_ready(0, 6, "e6")
+    seen = []
+    for _ in range(6):
+        it, ins, _ = s.take()
+        seen.append((ins, s.releases(0, it)))
+    assert seen == [
+        ([(5, "e5")], False), ([(5, "e5")], False), ([(5, "e5")], True),
+        ([(6, "e6")], False), ([(6, "e6")], False), ([(6, "e6")], True),
+    ]
+    assert s.current_in == [(6, "e6")]
+
+
+def test_a_held_input_needs_a_ready_register_only_at_the_first_act_of_a_hold():
+    s = held(2)
+    assert not s.can_act()
+    assert s.lacking() == ([0], [])
+    s.on_ready(0, 0, None)
+    s.take()
+    assert s.ready[0] == deque()
+    assert s.can_act()  # act 1 still uses register 0
+    assert s.lacking() == ([], [])
+    s.take()
+    assert not s.can_act()  # act 2 starts a new hold
+    assert s.lacking() == ([0], [])
+
+
+def test_a_register_held_for_one_act_is_released_at_every_act():
+    s = ActorState(2, [2], [1], holds=[1, 4])
+    assert [s.releases(0, n) for n in range(5)] == [True] * 5
+    assert [s.releases(1, n) for n in range(9)] == [False, False, False, True] * 2 + [False]
+
+
+def test_a_held_input_beside_a_plain_one_takes_each_at_its_own_rate():
+    s = ActorState(2, [4], [0], holds=[1, 3])
+    s.acts_left = 3
+    for k in range(3):
+        s.on_ready(0, k, f"a{k}")
+    s.on_ready(1, 9, "w")
+    got = [s.take()[1] for _ in range(3)]
+    assert got == [[(0, "a0"), (9, "w")], [(1, "a1"), (9, "w")], [(2, "a2"), (9, "w")]]
+    assert [[s.releases(k, n) for k in (0, 1)] for n in range(3)] == [[True, False], [True, False], [True, True]]
+
+
+def test_an_output_published_every_period_acts_keeps_its_buffer_until_published():
+    s = periodic(3, quota=2)
+    steps = []
+    for _ in range(6):
+        it, _, [b] = s.take()
+        steps.append((b, s.publishes(0, it)))
+    assert steps == [(0, False), (0, False), (0, True), (1, False), (1, False), (1, True)]
+    assert s.current_out == [1]
+    assert s.held(0) == 2 and s.max_held == [2]
+
+
+def test_a_periodic_output_needs_a_credit_only_at_the_first_act_of_a_period():
+    s = periodic(2, quota=1)
+    _, _, [b] = s.take()
+    assert s.can_act()  # the second write of the same buffer needs no credit
+    assert s.lacking() == ([], [])
+    s.take()
+    assert not s.can_act()
+    assert s.lacking() == ([], [0])
+    assert s.on_free(0, b) is True
+    assert s.can_act()
+    assert s.take()[2] == [b]
+
+
+def test_a_periodic_output_with_no_consumer_keeps_writing_one_buffer():
+    s = periodic(2, quota=1, consumers=0, acts=6)
+    outs = []
+    while s.can_act():
+        it, _, [b] = s.take()
+        outs.append((b, s.publishes(0, it)))
+    assert outs == [(0, False), (0, True)] * 3
+    assert s.held(0) == 0
+
+
+def test_holds_and_periods_of_one_are_the_uniform_protocol():
+    assert ActorState(2, [1], [1], holds=[1, 1], periods=[1]).uniform
+    assert not ActorState(1, [1], [1], holds=[2]).uniform
+    assert not ActorState(0, [1], [1], periods=[2]).uniform
+
+
+# -- random sequences against a reference model ----------------------------------------------
+
+
+class ProtocolModel:
+    """The protocol from its rules, written apart from ActorState: per input a queue and the
+    register in use with the acts it still serves; per output the free buffers (reused in
+    free order) and the buffer being written with the writes it still takes; buffers
+    published to consumers wait for every consumer's free."""
+
+    def __init__(self, holds, quotas, consumers, periods):
+        self.holds, self.quotas, self.consumers, self.periods = holds, quotas, consumers, periods
+        self.queues = [deque() for _ in holds]
+        self.using: list[list] = [[None, 0] for _ in holds]  # [register, acts left]
+        self.free = [deque(range(q)) for q in quotas]
+        self.writing: list[list] = [[None, 0] for _ in quotas]  # [buffer, writes left]
+        self.owed: dict[tuple[int, int], int] = {}  # published (out, buffer) -> frees owed
+        self.acts_left = 0
+        self.acts = 0
+        self.peak = [0] * len(quotas)
+
+    def lacking(self) -> tuple[list[int], list[int]]:
+        ins = [k for k, q in enumerate(self.queues) if not q and self.using[k][1] == 0]
+        outs = [k for k, f in enumerate(self.free) if not f and self.writing[k][1] == 0]
+        return ins, outs
+
+    def can_act(self) -> bool:
+        return self.acts_left > 0 and self.lacking() == ([], [])
+
+    def act(self):
+        """One act: (iteration, inputs, outputs, released input slots, published outputs)."""
+        ins, released = [], []
+        for k, use in enumerate(self.using):
+            if use[1] == 0:
+                use[:] = [self.queues[k].popleft(), self.holds[k]]
+            use[1] -= 1
+            ins.append(use[0])
+            if use[1] == 0:
+                released.append(k)
+        outs, published = [], []
+        for k, w in enumerate(self.writing):
+            if w[1] == 0:
+                w[:] = [self.free[k].popleft(), self.periods[k]]
+                in_use = self.quotas[k] - len(self.free[k])
+                self.peak[k] = max(self.peak[k], in_use)
+                if not self.consumers[k]:
+                    self.free[k].append(w[0])
+            w[1] -= 1
+            outs.append(w[0])
+            if w[1] == 0:
+                published.append(k)
+                if self.consumers[k]:
+                    self.owed[(k, w[0])] = self.consumers[k]
+        self.acts_left -= 1
+        self.acts += 1
+        return self.acts - 1, ins, outs, released, published
+
+    def on_free(self, key: tuple[int, int]) -> bool:
+        self.owed[key] -= 1
+        if self.owed[key]:
+            return False
+        del self.owed[key]
+        self.free[key[0]].append(key[1])
+        return True
+
+    def in_use(self, out: int) -> int:
+        return self.quotas[out] - len(self.free[out])
 
 
 class ActorStateMachine(RuleBasedStateMachine):
-    """Drive one ActorState the way drivers do; a model tracks what it must hold."""
+    """Drive one ActorState the way drivers do (readies, acts, frees of what was published)
+    and compare every decision with ProtocolModel's: whether it may act, what it takes,
+    which held registers it releases, which outputs it publishes, what it lacks."""
 
     @initialize(
-        n_inputs=st.integers(0, 3),
-        outputs=st.lists(st.tuples(st.integers(1, 4), st.integers(0, 3)), min_size=0, max_size=3),
+        holds=st.lists(st.sampled_from([1, 1, 2, 3, 4]), max_size=3),
+        outputs=st.lists(
+            st.tuples(st.integers(1, 4), st.integers(0, 3), st.sampled_from([1, 1, 2, 3])), max_size=3
+        ),
     )
-    def setup(self, n_inputs, outputs):
-        self.quotas = [q for q, _ in outputs]
-        self.n_consumers = [c for _, c in outputs]
-        self.state = ActorState(n_inputs, self.quotas, self.n_consumers)
-        self.n_inputs = n_inputs
-        # (out, index) -> consumers that still have to free it
-        self.outstanding: dict[tuple[int, int], int] = {}
-        self.ready = [0] * n_inputs
-        self.taken = 0
+    def setup(self, holds, outputs):
+        quotas, consumers, periods = ([o[i] for o in outputs] for i in range(3))
+        self.state = ActorState(len(holds), quotas, consumers, holds=holds, periods=periods)
+        self.model = ProtocolModel(holds, quotas, consumers, periods)
+        self.next_register = 0
 
-    @rule(n=st.integers(1, 3))
+    @rule(n=st.integers(1, 4))
     def add_acts(self, n):
         self.state.acts_left += n
+        self.model.acts_left += n
 
-    @precondition(lambda self: self.n_inputs > 0)
+    @precondition(lambda self: self.model.holds)
     @rule(data=st.data())
     def input_ready(self, data):
-        slot = data.draw(st.integers(0, self.n_inputs - 1))
-        self.state.on_ready(slot, data.draw(st.integers(0, 3)), ("event", slot))
-        self.ready[slot] += 1
+        slot = data.draw(st.integers(0, len(self.model.holds) - 1))
+        register = (self.next_register, ("event", self.next_register))
+        self.next_register += 1
+        self.state.on_ready(slot, *register)
+        self.model.queues[slot].append(register)
 
     @rule()
     def take(self):
-        can = (
-            self.state.acts_left > 0
-            and all(self.ready)
-            and all(self.state.held(k) < q for k, q in enumerate(self.quotas))
-        )
+        can = self.model.can_act()
         assert self.state.can_act() == can
         if not can:
             return
         iteration, ins, outs = self.state.take()
-        assert iteration == self.taken
-        self.taken += 1
-        assert len(ins) == self.n_inputs
-        assert len(outs) == len(self.quotas)
-        self.ready = [r - 1 for r in self.ready]
-        for k, index in enumerate(outs):
-            assert 0 <= index < self.quotas[k]
-            assert (k, index) not in self.outstanding, "handed out a buffer still in use"
-            if self.n_consumers[k]:
-                self.outstanding[(k, index)] = self.n_consumers[k]
+        want_it, want_ins, want_outs, released, published = self.model.act()
+        assert (iteration, ins, outs) == (want_it, want_ins, want_outs)
+        n_in, n_out = len(self.model.holds), len(self.model.quotas)
+        assert [k for k in range(n_in) if self.state.releases(k, iteration)] == released
+        assert [k for k in range(n_out) if self.state.publishes(k, iteration)] == published
+        if not self.state.uniform:  # the uniform protocol keeps no current register
+            assert self.state.current_in == want_ins
+            assert self.state.current_out == want_outs
 
-    @precondition(lambda self: bool(self.outstanding))
+    @precondition(lambda self: self.model.owed)
     @rule(data=st.data())
     def free(self, data):
-        key = data.draw(st.sampled_from(sorted(self.outstanding)))
-        self.outstanding[key] -= 1
-        back = self.state.on_free(*key)
-        assert back == (self.outstanding[key] == 0)
-        if back:
-            del self.outstanding[key]
+        key = data.draw(st.sampled_from(sorted(self.model.owed)))
+        assert self.state.on_free(*key) == self.model.on_free(key)
 
     @invariant()
-    def held_within_quota(self):
+    def agrees_with_the_model(self):
         if not hasattr(self, "state"):
             return
-        for k, q in enumerate(self.quotas):
-            held = self.state.held(k)
-            assert 0 <= held <= q
-            assert held == sum(1 for (out, _) in self.outstanding if out == k)
-            assert 0 <= self.state.max_held[k] <= q
-            assert len(set(self.state.free[k])) == len(self.state.free[k])
-
-    @invariant()
-    def lacking_matches(self):
-        if not hasattr(self, "state"):
-            return
-        ins, outs = self.state.lacking()
-        assert ins == [k for k, r in enumerate(self.ready) if r == 0]
-        assert outs == [k for k, q in enumerate(self.quotas) if self.state.held(k) == q]
+        assert self.state.lacking() == self.model.lacking()
+        for k, q in enumerate(self.model.quotas):
+            assert self.state.held(k) == self.model.in_use(k)
+            assert list(self.state.free[k]) == list(self.model.free[k])
+        assert self.state.max_held == self.model.peak
 
 
 TestActorStateMachine = ActorStateMachine.TestCase
-TestActorStateMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestActorStateMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 @pytest.mark.parametrize("seed", range(20))

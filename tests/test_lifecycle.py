@@ -37,11 +37,18 @@ async def test_run_outside_async_with_raises_instead_of_hanging():
 
 async def test_a_cancelled_run_makes_the_next_one_fail_not_lie():
     with trio.fail_after(10):
-        async with af.Runtime(chain_plan(userfns.slow)) as rt:
-            with trio.move_on_after(0.05):
-                await rt.run([{"x": np.full(2, k, np.float64)} for k in range(3)])
-            with pytest.raises(RuntimeError, match="cancelled"):
-                await rt.run({"x": np.zeros(2)})
+        userfns.arm_blocked()
+        async with af.Runtime(chain_plan(userfns.blocked)) as rt:
+            try:
+                with trio.CancelScope() as scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(userfns.cancel_once_entered, scope)
+                        await rt.run([{"x": np.full(2, k, np.float64)} for k in range(3)])
+                assert scope.cancelled_caught
+                with pytest.raises(RuntimeError, match="cancelled"):
+                    await rt.run({"x": np.zeros(2)})
+            finally:
+                userfns.release()
 
 
 def test_an_empty_plan_runs_at_once():

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import actorflow as af
 from actorflow.compiler.schedules import crossing_stages, kept_for_backward
+from trace_checks import check_quotas_in_trace
 
 RNG = np.random.default_rng(11)
 N, D, H, C = 16, 5, 7, 3  # whole batch rows, input width, hidden width, classes
@@ -371,17 +372,22 @@ def test_outputs_come_back_one_dict_per_micro_batch():
     assert len(set(losses)) == m  # different rows, different losses: not one value copied m times
 
 
-def test_max_held_never_exceeds_the_quota():
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_no_buffer_is_written_while_still_read(schedule):
+    """Over three steps in one run, from the trace: each register's write into a buffer
+    starts only after every read of what that buffer held before (repeats' holds and
+    accumulates' periods included), and the runtime counts every register."""
     m = 4
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule="gpipe", quota=2)
-    with af.Session(plan) as s:
+    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule=schedule, quota=2)
+    with af.Session(plan, trace=True) as s:
         s.run(step_feeds(m) * 3)
         stats = s.register_stats()
+        spans = s.recorder.kernels()
     regs = {r.name: r for r in plan.registers if r.producer >= 0}
-    assert set(stats) == set(regs)
-    for name, stat in stats.items():
-        assert stat["quota"] == regs[name].quota
-        assert 0 <= stat["max_held"] <= stat["quota"], name
+    assert {name: stat["quota"] for name, stat in stats.items()} == {name: r.quota for name, r in regs.items()}
+    kinds = {a.op for a in plan.actors}
+    assert {"repeat", "accumulate"} <= kinds
+    assert check_quotas_in_trace(plan, spans) > 0
 
 
 @pytest.mark.timeout(60)

@@ -19,8 +19,8 @@ import ranks
 class Run:
     """The launcher's output lines as they come, each with the time it arrived."""
 
-    def __init__(self, mode: str) -> None:
-        self.proc = ranks.start(2, sys.executable, str(ranks.TESTS / "rank_failures.py"), mode)
+    def __init__(self, mode: str, *args: str) -> None:
+        self.proc = ranks.start(2, sys.executable, str(ranks.TESTS / "rank_failures.py"), mode, *args)
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -116,8 +116,13 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s():
 
 
 @pytest.mark.timeout(60)
-def test_a_stall_chain_follows_the_wait_across_ranks():
-    run = Run("stall")
+def test_a_stall_chain_follows_the_wait_across_ranks(tmp_path):
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    run = Run("stall", str(fifo))
+    run.wait_for("wait-for chain:")
+    # lets rank 1's kernel end, so the rank can stop (fails at once if nobody reads the pipe)
+    os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     status, _ = run.end()
     assert status != 0
     lines = [line.removeprefix("[0] ") for line in run.output.splitlines() if line.startswith("[0]")]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import traceback
 
 import attrs
@@ -90,13 +89,12 @@ def check_note(exc: BaseException, actor: str, stream: str, iteration: int) -> N
 # -- (a) a failing kernel ---------------------------------------------------------------------
 
 
+@pytest.mark.timeout(10)
 def test_failing_kernel_raises_itself_from_af_run():
     plan = failing_plan()
     before = set(threading.enumerate())
-    start = time.monotonic()
     with pytest.raises(ZeroDivisionError, match="on purpose") as info:
         af.run(plan, [ones() for _ in range(6)])
-    assert time.monotonic() - start < 10
     assert type(info.value) is ZeroDivisionError
     check_note(info.value, "boom", "cpu:1/compute", 0)
     assert "test_runtime.py" in info.value.__notes__[0]  # where the op was built
@@ -122,15 +120,14 @@ def test_kernel_returning_the_wrong_shape_fails_with_a_note():
     check_note(info.value, "liar", "cpu:0/compute", 0)
 
 
+@pytest.mark.timeout(10)
 def test_failing_kernel_raises_itself_from_session_run():
     plan = failing_plan()
     before = set(threading.enumerate())
-    start = time.monotonic()
     session = af.Session(plan)
     try:
         with pytest.raises(ZeroDivisionError) as info:
             session.run([ones() for _ in range(6)])
-        assert time.monotonic() - start < 10
         assert type(info.value) is ZeroDivisionError
         check_note(info.value, "boom", "cpu:1/compute", 0)
         # after a failure the session is closed, and says so
@@ -216,31 +213,34 @@ async def test_kernel_raising_an_exception_group_raises_it_from_runtime_run():
 # -- (b) stalls -------------------------------------------------------------------------------
 
 
-def test_slow_kernel_raises_stall_error():
-    with af.Graph() as g:
-        x = af.placeholder("x", shape=(2, 3), device="cpu:0")
-        af.output("y", af.ops.call(userfns.slow, af.ops.relu(x), shape=(2, 3), name="sloth"))
-    plan = af.compile(g)
-    before = set(threading.enumerate())
-    start = time.monotonic()
-    with pytest.raises(af.StallError) as info:
-        af.run(plan, {"x": np.ones((2, 3), np.float32)}, stall_timeout=0.3)
-    assert time.monotonic() - start < 10
+async def test_a_kernel_that_never_ends_raises_stall_error():
+    with trio.fail_after(10):
+        with af.Graph() as g:
+            x = af.placeholder("x", shape=(2, 3), device="cpu:0")
+            af.output("y", af.ops.call(userfns.blocked, af.ops.relu(x), shape=(2, 3), name="sloth"))
+        plan = af.compile(g)
+        before = set(threading.enumerate())
+        userfns.arm_blocked()
+        async with af.Runtime(plan, stall_timeout=0.3) as rt:
+            try:
+                with pytest.raises(af.StallError) as info:
+                    await rt.run({"x": np.ones((2, 3), np.float32)})
+            finally:
+                userfns.release()  # the runtime's exit waits for the kernel to return
     message = str(info.value)
     assert "stall_timeout=0.3" in message
     assert "cpu:0/compute" in message  # the stream with the unfinished kernel
     assert stream_threads(plan, before) == []
 
 
+@pytest.mark.timeout(10)
 def test_reversed_collective_order_stalls_and_says_who_waits():
     plan = two_collective_plan()
     bad = attrs.evolve(plan, collectives=plan.collectives[::-1])  # check() would refuse it
     before = set(threading.enumerate())
     feeds = {"x0": np.ones((2, 3), np.float32), "x1": np.ones((2, 3), np.float32)}
-    start = time.monotonic()
     with pytest.raises(af.StallError) as info:
         af.run(bad, feeds, stall_timeout=0.3)
-    assert time.monotonic() - start < 10
     message = str(info.value)
     assert "Waiting actors" in message
     assert "next in collective order is 'ar2'" in message
@@ -485,12 +485,18 @@ async def test_cancelling_a_run_from_outside_stops_cleanly():
     with trio.fail_after(10):
         with af.Graph() as g:
             x = af.placeholder("x", shape=(2, 3), device="cpu:0")
-            af.output("y", af.ops.call(userfns.slow, x, shape=(2, 3)))
+            af.output("y", af.ops.call(userfns.blocked, x, shape=(2, 3)))
         plan = af.compile(g)
         before = set(threading.enumerate())
-        with trio.move_on_after(0.2) as scope:
+        userfns.arm_blocked()
+        with trio.CancelScope() as scope:
             async with af.Runtime(plan) as rt:
-                await rt.run({"x": np.ones((2, 3), np.float32)})
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(userfns.cancel_once_entered, scope)
+                    try:
+                        await rt.run({"x": np.ones((2, 3), np.float32)})
+                    finally:
+                        userfns.release()
         assert scope.cancelled_caught
         assert stream_threads(plan, before) == []
 

@@ -4,6 +4,7 @@ import threading
 import time
 
 import numpy as np
+import trio
 
 calls: list[tuple[str, str]] = []
 
@@ -36,9 +37,33 @@ def fail(a):
     raise ZeroDivisionError("user kernel failed on purpose")
 
 
-def slow(a):
-    time.sleep(2.0)
+# -- a kernel that stays in its stream until the test lets it go (instead of a long sleep) --
+
+entered = threading.Event()
+released = threading.Event()
+
+
+def blocked(a):
+    """Identity that says it has started, then waits until ``release()``."""
+    entered.set()
+    if not released.wait(timeout=30.0):
+        raise TimeoutError("userfns.blocked: the test never released this kernel")
     return a
+
+
+def arm_blocked() -> None:
+    entered.clear()
+    released.clear()
+
+
+def release() -> None:
+    released.set()
+
+
+async def cancel_once_entered(scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` as soon as a ``blocked`` kernel is running."""
+    if await trio.to_thread.run_sync(entered.wait, 10.0):
+        scope.cancel()
 
 
 blas_threads: list[int] = []

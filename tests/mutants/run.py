@@ -1,0 +1,140 @@
+"""Apply known runtime bugs, one at a time, to a copy of the package and show which tests
+catch each: every mutant must make some test fail.
+
+    python tests/mutants/run.py            # every mutant (a few minutes on 2 cores)
+    python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
+
+The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``
+and ``tests/`` in a temporary directory, and pytest runs there with PYTHONPATH set to it.
+Exits with status 1 if any mutant survives. (Named run.py, so pytest does not collect it.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = [
+    "tests/test_actor_state.py",
+    "tests/test_properties.py",
+    "tests/test_micro_batches.py",
+    "tests/test_training.py",
+]
+
+
+class Mutant(NamedTuple):
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+
+
+MUTANTS = [
+    Mutant(
+        "releases-first-use",
+        "a held register is released after its first use instead of its last",
+        "actorflow/runtime/actor_state.py",
+        "return iteration % self.holds[slot] == self.holds[slot] - 1",
+        "return iteration % self.holds[slot] == 0",
+    ),
+    Mutant(
+        "publishes-first-write",
+        "a periodic output is handed on after its first write instead of its last",
+        "actorflow/runtime/actor_state.py",
+        "return iteration % self.periods[out] == self.periods[out] - 1",
+        "return iteration % self.periods[out] == 0",
+    ),
+    Mutant(
+        "credit-one-free-early",
+        "a buffer's credit comes back when one consumer is still to free it",
+        "actorflow/runtime/actor_state.py",
+        "if self.pending[out][index] == 0:",
+        "if self.pending[out][index] <= 1:",
+    ),
+    Mutant(
+        "free-at-launch",
+        "a consumer on another stream frees its input at launch, not when its kernel ended",
+        "actorflow/runtime/driver.py",
+        "                if spec.same_stream:\n                    self._send_free(",
+        "                if True:\n                    self._send_free(",
+    ),
+    Mutant(
+        "event-wait-dropped",
+        "a consumer on another stream does not wait for its producer's event",
+        "actorflow/runtime/driver.py",
+        "                if spec.event:\n                    waits.append(event)",
+        "                if False:\n                    waits.append(event)",
+    ),
+    Mutant(
+        "ready-at-launch",
+        "a producer says 'ready' at launch to consumers that should hear it at completion",
+        "actorflow/runtime/driver.py",
+        "                    if early:\n                        self._send_ready(",
+        "                    if True:\n                        self._send_ready(",
+    ),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
+    for name in ("actorflow", "tests"):
+        shutil.copytree(ROOT / name, dest / name, ignore=ignore)
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+
+
+def apply(root: Path, mutant: Mutant) -> None:
+    path = root / mutant.path
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        raise SystemExit(f"{mutant.name}: the code it mutates is not in {mutant.path} exactly once; update the mutant")
+    path.write_text(text.replace(mutant.old, mutant.new))
+
+
+def failures(root: Path, test_file: str) -> list[str]:
+    """The tests of ``test_file`` that fail in ``root`` (up to the first, with -x)."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+    )
+    return re.findall(r"^(?:FAILED|ERROR) (\S+)", result.stdout, re.MULTILINE)
+
+
+def main(selected: list[str]) -> int:
+    mutants = [m for m in MUTANTS if not selected or any(s in m.name for s in selected)]
+    rows = []
+    for mutant in [None, *mutants]:
+        with tempfile.TemporaryDirectory(prefix="actorflow-mutant-") as tmp:
+            root = Path(tmp)
+            copy_tree(root)
+            if mutant is not None:
+                apply(root, mutant)
+            caught_by = [t.removeprefix("tests/") for f in FILES for t in failures(root, f)]
+        name = mutant.name if mutant else "(none: the tree as it is)"
+        if mutant is None:
+            ok = not caught_by
+            verdict = "all pass" if ok else "FAILS"
+        else:
+            ok = bool(caught_by)
+            verdict = "yes" if ok else "NO"
+        rows.append((name, verdict, ", ".join(caught_by) or "-", ok))
+        print(f"{name}: {verdict} {', '.join(caught_by)}", file=sys.stderr, flush=True)
+    width = max(len(r[0]) for r in rows)
+    print(f"\n{'mutant':<{width}}  caught    by")
+    for name, verdict, by, _ in rows:
+        print(f"{name:<{width}}  {verdict:<8}  {by}")
+    for m in mutants:
+        print(f"  {m.name}: {m.what}")
+    return 0 if all(r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
