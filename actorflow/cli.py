@@ -213,7 +213,7 @@ def _run(config, args) -> int:
         return 0
     print(table(config, result))
     if trace:
-        print(f"trace written to {trace}")
+        print(f"trace written to {trace}" + (f" ({result.trace_note})" if result.trace_note else ""))
     if metrics_path:
         with open(metrics_path, "w") as f:
             json.dump(metrics(config, result), f, indent=2)

@@ -213,12 +213,17 @@ class Plan:
     micro_batches: int = 1
     world: int = 1
     ranks: dict[str, int] = attrs.Factory(dict)
+    stages: tuple[tuple[str, ...], ...] = ()
 
     def rank_of(self, device: str) -> int:
         """The rank of a device, or of a rank's own streams (``rankN``)."""
         if device.startswith("rank"):
             return int(device[4:])
         return self.ranks.get(device, 0)
+
+    def stage_of(self, device: str) -> int | None:
+        """The pipeline stage holding ``device``, or None (not in a stage, or no stages)."""
+        return next((k for k, devices in enumerate(self.stages) if device in devices), None)
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

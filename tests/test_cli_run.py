@@ -209,3 +209,16 @@ def test_bad_steps_is_a_usage_error(capsys, tiny, steps):
     assert code == 2
     assert "--steps" in err and "usage:" in err
     assert out == ""
+
+
+def test_a_trace_past_its_limit_keeps_the_last_steps_and_says_so(capsys, tmp_path, tiny, monkeypatch):
+    from actorflow.training import runner
+
+    monkeypatch.setattr(runner, "TRACE_LIMIT", 300)
+    trace = tmp_path / "t.json"
+    code, out, err = run_cli(capsys, "run", str(tiny), "--steps", "20", "--quiet", "--trace", str(trace))
+    assert code == 0, err
+    kept_from = json.loads(trace.read_text())["otherData"]["kept_from"]
+    assert 0 < kept_from < 20
+    assert f"trace written to {trace} (the spans of {kept_from} iterations before {kept_from} were dropped" in out
+    assert f"bubble measured over the last {20 - kept_from} of 20 steps" in out

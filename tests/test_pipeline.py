@@ -143,3 +143,19 @@ def test_on_step_sees_every_step_and_its_loss():
     result = train(config, on_step=lambda step, loss: seen.append((step, loss)))
     assert [s for s, _ in seen] == [0, 1, 2]
     assert [loss for _, loss in seen] == result.losses
+
+
+def test_the_report_measures_the_latest_steps_its_spans_allow(monkeypatch):
+    from actorflow.training import report, runner
+
+    config = parse_config(SMALL_YAML)
+    whole = train(config)
+    assert whole.bubble_steps == config.train.steps
+    monkeypatch.setattr(runner, "REPORT_SPANS", 400)
+    windowed = train(config)
+    assert 0 < windowed.bubble_steps < config.train.steps
+    assert all(0.0 <= b < 1.0 for b in windowed.bubbles)
+    assert f"bubble measured over the last {windowed.bubble_steps} of 10 steps" in report.table(config, windowed)
+    assert report.metrics(config, windowed)["bubble_steps"] == windowed.bubble_steps
+    assert len(windowed.losses) == config.train.steps  # every step's loss, all the same
+    assert "bubble measured" not in report.table(config, whole)

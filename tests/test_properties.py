@@ -351,7 +351,7 @@ def test_thread_name_on_every_device(tmp_path):
     trace = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
     process = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
     thread = {e["tid"]: e["args"]["name"] for e in trace if e["name"] == "thread_name"}
-    kernels = [e for e in trace if e["ph"] == "X" and e["cat"] != "wait"]  # a wait is a span of its own
+    kernels = [e for e in trace if e["ph"] == "X" and e["cat"] not in ("wait", "step")]  # waits and steps are spans of their own
     streams = stream_of_unit(plan)
     assert len(kernels) == len(set(streams)) * len(xs)
     for e in kernels:

@@ -512,7 +512,7 @@ def test_trace_is_chrome_json_with_named_tracks_and_no_overlap(tmp_path):
     assert len(outs) == n
     data = json.loads(path.read_text())
     events = data["traceEvents"]
-    spans = [e for e in events if e["ph"] == "X" and e["cat"] != "wait"]
+    spans = [e for e in events if e["ph"] == "X" and e["cat"] not in ("wait", "step")]
     meta = [e for e in events if e["ph"] == "M"]
 
     units = {c.name for c in plan.collectives} | {
@@ -535,8 +535,8 @@ def test_trace_is_chrome_json_with_named_tracks_and_no_overlap(tmp_path):
     for e in spans:
         assert e["pid"] in process_names
         assert (e["pid"], e["tid"]) in thread_names
-    assert set(thread_names.values()) == {s.name for s in plan.streams}
-    assert set(process_names.values()) == {s.device for s in plan.streams}
+    assert set(thread_names.values()) == {s.name for s in plan.streams} | {"steps"}
+    assert set(process_names.values()) == {s.device for s in plan.streams} | {"host"}
     by_name = {a.name: a for a in plan.actors}
     for e in spans:
         actor = by_name.get(e["name"]) or by_name[f"{e['name']}[cpu:0]"]

@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 import actorflow as af
+from actorflow.config import parse_config
 from actorflow.runtime import Runtime
-from actorflow.trace import WAIT, Recorder, parse_iterations
+from actorflow.trace import STEP, WAIT, Recorder, parse_iterations, summarize
+from actorflow.training import compile_config
+from actorflow.training.data import step_feeds, synthetic_classification
+from actorflow.training.runner import local_feeds
 from actorflow.trace.parse import parse
 
 MS = 1e-3
@@ -100,9 +104,9 @@ def pipeline_recorder(**kw) -> Recorder:
 def test_tracks_per_device_and_collective_stream():
     trace = pipeline_recorder().to_chrome()
     check_structure(trace)
-    assert list(names(trace, "process_name").values()) == ["cpu:0", "cpu:1", "rank0"]
+    assert list(names(trace, "process_name").values()) == ["host", "cpu:0", "cpu:1", "rank0"]
     assert sorted(threads(trace).values()) == [
-        "cpu:0/compute", "cpu:0/copy", "cpu:1/compute", "rank0/collective"
+        "cpu:0/compute", "cpu:0/copy", "cpu:1/compute", "rank0/collective", "steps"
     ]
     process = names(trace, "process_name")
     collective = next(e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "collective")
@@ -204,7 +208,7 @@ def test_iteration_filter_keeps_selected_iterations_and_no_dangling_flows():
     check_structure(trace)
     kept = complete(trace)
     assert {e["args"].get("iteration") for e in kept.values()} == {1, None}
-    assert set(kept) == {"a1", "b1", "wait b1", "c1", "ar1", "d1", "late", "setup"}
+    assert set(kept) == {"a1", "b1", "wait b1", "c1", "ar1", "d1", "late", "setup", "step 1"}
     assert ("a1", "late") in flows(trace) and ("a0", "late") not in flows(trace)
     assert kept["a1"]["ts"] == 0  # time counts from the first recorded span
 
@@ -262,7 +266,7 @@ def test_a_real_run_exports_a_well_formed_trace(tmp_path):
     check_structure(trace)
     assert {"cpu:0", "cpu:1", "rank0"} <= set(names(trace, "process_name").values())
     assert {"cpu:0/compute", "cpu:1/copy", "rank0/collective"} <= set(threads(trace).values())
-    events = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] != WAIT]
+    events = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] not in (WAIT, STEP)]
     assert {e["args"]["iteration"] for e in events} == {0, 1, 2}
     assert all({"actor", "op"} <= set(e["args"]) for e in events)
     assert any(e["cat"] == "collective" for e in events)
@@ -277,3 +281,178 @@ async def test_a_real_run_records_only_the_selected_iterations():
     events = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert events
     assert {e["args"].get("iteration") for e in events} == {1}
+
+
+# ---------------------------------------------------------------- steps and the limit
+
+
+def test_one_step_span_per_iteration_on_the_hosts_steps_track():
+    trace = pipeline_recorder().to_chrome()
+    check_structure(trace)
+    events = complete(trace)
+    for it in range(3):
+        step = events[f"step {it}"]
+        assert step["cat"] == STEP and step["args"] == {"iteration": it, "rank": 0}
+        assert names(trace, "process_name")[step["pid"]] == "host"
+        assert threads(trace)[(step["pid"], step["tid"])] == "steps"
+        # from its first kernel's start to its last kernel's end (a0 .. d{it})
+        assert step["ts"] == pytest.approx(events[f"a{it}"]["ts"])
+        assert step["ts"] + step["dur"] == pytest.approx(events[f"d{it}"]["ts"] + events[f"d{it}"]["dur"])
+    assert ("a0", "step 0") not in flows(trace) and len(flows(trace)) == 12  # steps take no part in flows
+
+
+def test_pipelined_steps_do_not_overlap_on_their_track():
+    rec = Recorder(enabled=True)
+    kernel(rec, "cpu:0", "compute", "f0", 0, 4, iteration=0)
+    kernel(rec, "cpu:0", "compute", "f1", 4, 6, iteration=1)
+    kernel(rec, "cpu:1", "compute", "g0", 4, 8, iteration=0)  # step 0 ends after step 1 began
+    kernel(rec, "cpu:1", "compute", "g1", 8, 9, iteration=1)
+    steps = {s.name: (s.start / MS, s.end / MS) for s in rec.steps()}
+    assert steps == {"step 0": (0, 8), "step 1": (8, 9)}
+    check_structure(rec.to_chrome())
+
+
+def test_the_limit_holds_the_latest_whole_iterations():
+    rec = Recorder(enabled=True, limit=10)
+    for it in range(10):
+        for k in range(4):
+            kernel(rec, "cpu:0", "compute", f"k{it}.{k}", 10 * it + k, 10 * it + k + 1, iteration=it)
+            assert len(rec.spans) <= 10
+    assert rec.kept_from == 8 and rec.dropped == 8
+    assert Counter(s.args["iteration"] for s in rec.spans) == {8: 4, 9: 4}
+    kernel(rec, "cpu:0", "compute", "late", 100, 101, iteration=7)  # of a dropped iteration: refused
+    assert len(rec.spans) == 8
+    trace = rec.to_chrome()
+    check_structure(trace)
+    assert trace["otherData"]["kept_from"] == 8
+    assert "8 iterations before 8 were dropped" in trace["otherData"]["note"]
+    assert sorted(e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == STEP) == [
+        "step 8", "step 9"
+    ]
+
+
+def test_an_iteration_bigger_than_the_limit_goes_whole_and_spans_without_one_go_first():
+    rec = Recorder(enabled=True, limit=3)
+    rec.add("cpu:0", "cpu:0/compute", "setup", "compute", 0.0, 1.0, {})
+    for k in range(3):
+        kernel(rec, "cpu:0", "compute", f"a{k}", k, k + 1, iteration=0)
+    assert [s.name for s in rec.spans] == ["a0", "a1", "a2"] and rec.kept_from is None
+    kernel(rec, "cpu:0", "compute", "a3", 3, 4, iteration=0)
+    assert rec.spans == [] and rec.kept_from == 1
+
+
+def test_no_limit_and_a_bad_limit():
+    rec = Recorder(enabled=True, limit=None)
+    for it in range(300):
+        kernel(rec, "cpu:0", "compute", "k", it, it + 1, iteration=it)
+    assert len(rec.spans) == 300 and rec.kept_from is None and rec.note() == ""
+    assert "otherData" not in rec.to_chrome()
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="limit"):
+            Recorder(enabled=True, limit=bad)
+
+
+def test_a_long_run_holds_at_most_the_limit_and_its_last_iterations_whole():
+    plan = two_device_plan()
+    with af.Session(plan, trace=True, trace_limit=100) as s:
+        for _ in range(20):
+            s.run(feeds(25))
+        assert len(s.recorder.spans) <= 100
+        per_iteration = Counter(sp.args["iteration"] for sp in s.recorder.kernels())
+        assert max(per_iteration) == 499 and min(per_iteration) == s.recorder.kept_from > 0
+        units = len(plan.collectives) + sum(a.group < 0 for a in plan.actors)  # a collective is one kernel
+        assert set(per_iteration.values()) == {units}  # every iteration held is whole
+
+
+def test_the_trace_of_a_window_equals_the_full_trace_of_the_same_iterations():
+    """What a bounded recorder measures is what a full trace measures over the same steps."""
+
+    class Both(Recorder):
+        def add(self, *span) -> None:
+            full.add(*span)
+            super().add(*span)
+
+    full = Recorder(enabled=True, limit=None)
+    plan = two_device_plan()
+    with af.Session(plan, trace=True) as s:
+        s._runtime.recorder = bounded = Both(enabled=True, limit=150)
+        for _ in range(6):
+            s.run(feeds(5))
+    assert bounded.kept_from is not None and bounded.kept_from > 0
+    same = Recorder(enabled=True, iterations=range(bounded.kept_from, 30), limit=None)
+    for sp in full.spans:
+        same.add(sp.process, sp.thread, sp.name, sp.category, sp.start, sp.end, sp.args)
+    window, whole = bounded.to_chrome(), same.to_chrome()
+    assert window["traceEvents"] == whole["traceEvents"]
+    assert summarize(window) == summarize(whole)
+
+
+def test_af_run_warns_when_its_trace_dropped_iterations(tmp_path):
+    path = tmp_path / "t.json"
+    with pytest.warns(RuntimeWarning, match="were dropped to hold at most 50 spans"):
+        af.run(two_device_plan(), feeds(30), trace=path, trace_limit=50)
+    assert json.loads(path.read_text())["otherData"]["kept_from"] > 0
+
+
+# ---------------------------------------------------------------- stage, rank and phase
+
+
+def test_every_span_of_a_pipelined_run_carries_its_stage_rank_and_phase():
+    config = parse_config(PIPELINE_YAML)
+    plan = compile_config(config)
+    assert plan.stages == (("cpu:0",), ("cpu:1",))
+    with af.Session(plan, trace=True) as s:
+        data = synthetic_classification(config)
+        for step in range(2):
+            s.run(step_feeds(config, data, step, local_feeds(plan, 0)))
+        spans = s.recorder.spans
+    by_name = {}
+    for a in plan.actors:
+        by_name.setdefault(a.name, a)
+    for sp in spans:
+        actor = by_name[sp.args.get("actor", sp.name)] if sp.category != WAIT else None
+        assert sp.args["rank"] == 0
+        assert sp.args["stage"] == int(sp.process[-1])  # cpu:0 is stage 0, cpu:1 stage 1
+        if actor is not None:
+            expected = (
+                "update" if actor.kind in ("update", "variable")
+                else ("backward" if actor.backward else "forward") if actor.kind == "compute"
+                else "communication"
+            )
+            assert sp.args["phase"] == expected, sp
+    phases = Counter(sp.args["phase"] for sp in spans)
+    assert {"forward", "backward", "update", "communication"} <= set(phases)
+
+
+def forwards_before_backward(schedule: str) -> list[int]:
+    """Per step, how many micro-batches began their forward on stage 0 before stage 0's
+    first backward kernel: what the schedule bounds (1F1B: p, GPipe: m). Repeats, which
+    hand a parameter to each micro-batch and keep nothing for backward, don't count."""
+    config = parse_config(PIPELINE_YAML, [f"parallel.schedule={schedule}"])
+    plan = compile_config(config)
+    with af.Session(plan, trace=True) as s:
+        data = synthetic_classification(config)
+        for step in range(config.train.steps):
+            s.run(step_feeds(config, data, step, local_feeds(plan, 0)))
+        spans = [sp for sp in s.recorder.kernels() if sp.thread == "cpu:0/compute" and "micro_batch" in sp.args]
+    counts = []
+    for step in range(config.train.steps):
+        mine = [sp for sp in spans if sp.args["iteration"] == step]
+        first_backward = min(sp.start for sp in mine if sp.args["phase"] == "backward")
+        counts.append(len({sp.args["micro_batch"] for sp in mine
+                           if sp.args["phase"] == "forward" and sp.args["op"] != "repeat"
+                           and sp.start < first_backward}))
+    return counts
+
+
+def test_phases_tell_1f1b_from_gpipe():
+    assert max(forwards_before_backward("1f1b")) <= 2
+    assert max(forwards_before_backward("gpipe")) > 2
+
+
+PIPELINE_YAML = """\
+model: {kind: mlp, sizes: [8, 32, 32, 4], activation: tanh}
+data: {kind: synthetic_classification, samples: 64, seed: 5}
+train: {steps: 4, batch_size: 16, optimizer: {kind: sgd, lr: 0.1}}
+parallel: {stages: [cpu:0, cpu:1], micro_batches: 4, schedule: 1f1b}
+"""

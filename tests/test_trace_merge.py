@@ -89,8 +89,8 @@ def test_a_process_per_rank_in_rank_order_with_its_streams():
     for (pid, _), thread in sorted(threads(merged).items()):
         per_rank.setdefault(process[pid], []).append(thread)
     assert per_rank == {
-        "rank 0": ["cpu:0/compute", "rank0/comm"],
-        "rank 1": ["cpu:1/compute", "rank1/collective", "rank1/comm"],
+        "rank 0": ["steps", "cpu:0/compute", "rank0/comm"],
+        "rank 1": ["steps", "cpu:1/compute", "rank1/collective", "rank1/comm"],
     }
     events = complete(merged)
     assert process[events["send 0"]["pid"]] == "rank 0" and process[events["recv 0"]["pid"]] == "rank 1"
@@ -182,3 +182,18 @@ def test_a_merged_trace_summarizes_per_stream_and_per_stage(capsys, tmp_path):
     path = write(tmp_path, "t.json", merged)
     code, out, _ = cli(capsys, "trace", "summary", path, "--stages", "cpu:0,cpu:1")
     assert code == 0 and "rank1/comm" in out and "stage 1  cpu:1" in out
+
+
+def test_ranks_that_dropped_iterations_merge_over_the_iterations_all_hold():
+    rank0, rank1 = Recorder(enabled=True, rank=0, limit=4), Recorder(enabled=True, rank=1, limit=6)
+    for it in range(6):
+        for k in range(2):
+            span(rank0, "cpu:0/compute", f"a{it}.{k}", "compute", 10 * it + k, 10 * it + k + 1, iteration=it, stage=0)
+            span(rank1, "cpu:1/compute", f"b{it}.{k}", "compute", 10 * it + k, 10 * it + k + 1, iteration=it, stage=1)
+    assert (rank0.kept_from, rank1.kept_from) == (4, 3)
+    merged = merge([rank0.to_chrome(), rank1.to_chrome()])
+    check_structure(merged)
+    kept = {e["args"]["iteration"] for e in merged["traceEvents"] if e["ph"] == "X"}
+    assert kept == {4, 5}
+    assert merged["otherData"]["kept_from"] == 4 and "from 4 on" in merged["otherData"]["note"]
+    assert "otherData" not in merge(rank_traces())  # nothing dropped, nothing said

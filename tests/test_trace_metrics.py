@@ -273,3 +273,34 @@ def test_trace_summary_errors(capsys, tmp_path):
     assert code == 1 and "not a Chrome trace" in err
     code, _, err = cli(capsys, "trace")
     assert code == 2 and "SUBCOMMAND" in err
+
+
+def test_steps_are_no_stream_and_no_kernel():
+    rec = Recorder(enabled=True)
+    span(rec, "cpu:0/compute", "a", 0, 1, iteration=0, stage=0)
+    span(rec, "cpu:1/compute", "b", 1, 3, iteration=0, stage=1)
+    span(rec, "cpu:0/compute", "c", 3, 4, iteration=1, stage=0)
+    with_steps = summarize(rec.to_chrome())
+    assert [s.thread for s in with_steps.streams] == ["cpu:0/compute", "cpu:1/compute"]
+    assert set(with_steps.critical_path.by_kind) == {"compute", "gap"}  # a, then c after a gap
+    kinds = {t.thread: t.kind for t in parse(rec.to_chrome()).tracks}
+    assert kinds["steps"] == "step"
+
+
+def test_the_summary_of_a_training_runs_trace_finds_its_stages(capsys, tmp_path):
+    from actorflow.config import parse_config
+    from actorflow.training import train
+
+    config = parse_config(
+        "model: {kind: mlp, sizes: [8, 16, 16, 4]}\n"
+        "data: {kind: synthetic_classification, samples: 64}\n"
+        "train: {steps: 3, batch_size: 16, optimizer: {kind: sgd, lr: 0.1}}\n"
+        "parallel: {stages: [cpu:0, cpu:1], micro_batches: 2, schedule: gpipe}\n"
+    )
+    path = tmp_path / "t.json"
+    result = train(config, trace=str(path))
+    code, out, _ = cli(capsys, "trace", "summary", str(path))
+    assert code == 0 and "no stages" not in out
+    assert "stage 0  cpu:0" in out and "stage 1  cpu:1" in out
+    found = summarize(json.loads(path.read_text()))
+    assert [b.bubble for b in found.stages] == pytest.approx(result.bubbles)

@@ -11,7 +11,7 @@ import pytest
 import actorflow as af
 from actorflow.trace import WAIT, Recorder, plot_timeline
 from actorflow.trace.cli import add_commands, run
-from actorflow.trace.plot import COLORS, color_group
+from actorflow.trace.plot import COLORS, STEP_LINE, STEP_SHADES, color_group
 
 image = pytest.importorskip("matplotlib.image")
 
@@ -26,6 +26,27 @@ def hand_built() -> dict:
     rec.add("cpu:1", "cpu:1/compute", "up", "update", 3 * MS, 4 * MS, {})
     rec.add("rank0", "rank0/collective", "ar", "collective", 3 * MS, 5 * MS, {})
     return rec.to_chrome()
+
+
+def phased() -> dict:
+    """Two steps on two stages, each span with its phase, as a run records them."""
+    rec = Recorder(enabled=True)
+    for it in range(2):
+        t = 10 * it * MS
+        for name, thread, category, phase, start, end in (
+            ("fw", "cpu:0/compute", "compute", "forward", 0, 2),
+            ("cp", "cpu:0/copy", "copy", "communication", 2, 3),
+            ("bw", "cpu:1/compute", "compute", "backward", 3, 6),
+            ("up", "cpu:1/compute", "update", "update", 6, 7),
+        ):
+            rec.add(thread[:5], thread, name, category, t + start * MS, t + end * MS,
+                    {"iteration": it, "phase": phase})
+        rec.add("cpu:1", "cpu:1/compute", "wait", WAIT, t + 2 * MS, t + 3 * MS, {"iteration": it})
+    return rec.to_chrome()
+
+
+def rgb(color: str) -> tuple[int, ...]:
+    return tuple(int(color[i : i + 2], 16) for i in (1, 3, 5))
 
 
 def check_png(path, width: int, height: int) -> None:
@@ -46,7 +67,7 @@ def test_hand_built_trace_renders_at_the_requested_size(tmp_path):
 def test_default_height_grows_with_the_streams(tmp_path):
     path = tmp_path / "t.png"
     plot_timeline(hand_built(), path)
-    check_png(path, 1600, 200 + 40 * 4)
+    check_png(path, 1600, 200 + 40 * 4)  # no steps: hand-built spans name no iteration
 
 
 def test_each_op_kind_gets_its_color(tmp_path):
@@ -54,15 +75,30 @@ def test_each_op_kind_gets_its_color(tmp_path):
     plot_timeline(hand_built(), path, width=800, height=400)
     pixels = (image.imread(path)[..., :3] * 255).round().astype(int)
     seen = {tuple(c) for c in np.unique(pixels.reshape(-1, 3), axis=0)}
-    for group in ("compute", "copy", "collective", WAIT, "other"):
-        rgb = tuple(int(COLORS[group][i : i + 2], 16) for i in (1, 3, 5))
-        assert rgb in seen, group
+    for group in ("compute", "communication", "update", WAIT):
+        assert rgb(COLORS[group]) in seen, group
+
+
+def test_phases_get_their_colors_and_steps_their_row_and_lines(tmp_path):
+    path = tmp_path / "t.png"
+    plot_timeline(phased(), path, width=800, height=400)
+    pixels = (image.imread(path)[..., :3] * 255).round().astype(int)
+    seen = {tuple(c) for c in np.unique(pixels.reshape(-1, 3), axis=0)}
+    for group in ("forward", "backward", "update", "communication", WAIT):
+        assert rgb(COLORS[group]) in seen, group
+    for color in (*STEP_SHADES, STEP_LINE):
+        assert rgb(color) in seen, color
+    assert rgb(COLORS["compute"]) not in seen  # every kernel named its phase
 
 
 def test_color_groups():
-    assert [color_group(c) for c in ("compute", "feed", "fetch", "copy", "collective", WAIT, "update", "x")] == [
-        "compute", "copy", "copy", "copy", "collective", WAIT, "other", "other"
+    categories = ("compute", "feed", "fetch", "copy", "collective", "send", WAIT, "update", "variable", "x")
+    assert [color_group(c) for c in categories] == [
+        "compute", "communication", "communication", "communication", "communication", "communication",
+        WAIT, "update", "update", "other",
     ]
+    assert [color_group("compute", p) for p in ("forward", "backward", "bogus")] == ["forward", "backward", "compute"]
+    assert color_group(WAIT, "forward") == WAIT
 
 
 def test_an_empty_trace_still_renders(tmp_path):

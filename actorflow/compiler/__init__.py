@@ -63,7 +63,7 @@ def compile(
     (see ``micro_batches``); stages and schedule ("gpipe" or "1f1b"): the pipeline's
     stages in order (a device or a list of devices each), so that the registers each
     stage keeps for backward get the schedule's quota (see ``schedules``; ``quotas``
-    still override them).
+    still override them); the plan keeps the stages (``Plan.stages``) for its traces.
 
     ranks: the processes the plan runs on, each holding some devices (see
     ``ranks.place_ranks``): by default as many as the launcher started (one without a
@@ -83,8 +83,11 @@ def compile(
     if link_bandwidth is not None:
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
+    if stages is not None or schedule is not None:
+        devices = _stage_devices(stages)
+        plan = attrs.evolve(plan, stages=tuple(map(tuple, devices)))
     if schedule is not None:
-        overrides = schedule_quotas(plan, _stage_devices(stages), schedule, quota) | overrides
+        overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
     plan = plan_registers(plan, quota, overrides)
     plan = assign_priorities(plan, compute_first=priority)
     return check(attrs.evolve(plan, overlap=overlap))

@@ -27,8 +27,8 @@ import numpy as np
 import trio
 
 from ..errors import FeedError, RankError, StallError
-from ..plan import Plan, transfer_peers
-from ..trace.recorder import Recorder
+from ..plan import Actor, Plan, transfer_peers
+from ..trace.recorder import TRACE_LIMIT, Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
 from .collectives import across_ranks, ranks_of
@@ -54,7 +54,8 @@ class Runtime:
     """``async with Runtime(plan) as rt: outputs = await rt.run(feeds)``.
 
     trace: record a span per kernel (see ``recorder``); trace_iterations: only these
-    iterations (steps), to keep long runs' traces small; stall_timeout: seconds without
+    iterations (steps), to keep long runs' traces small; trace_limit: the most spans held
+    (the latest whole iterations; None: no bound); stall_timeout: seconds without
     any actor acting before the run fails with a StallError that says who waits on what.
     The ``ACTORFLOW_DEBUG`` environment variable is read here (see ``debug``).
     """
@@ -65,6 +66,7 @@ class Runtime:
         *,
         trace: bool = False,
         trace_iterations: Collection[int] | None = None,
+        trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
     ) -> None:
         if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
@@ -98,7 +100,8 @@ class Runtime:
         self._answered = trio.Event()
         self._transport = Transport(plan.world) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
-        self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None)
+        self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None, trace_limit)
+        self._span_args = {a.id: _span_args(plan, a, self.rank) for a in plan.actors} if trace else {}
         self._peers = transfer_peers(plan)
         self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
 
@@ -340,12 +343,14 @@ class Runtime:
             self._done.set()
 
     def _record(self, unit: Unit, act: int, start: float, end: float, taken: list, waited: Any) -> None:
-        """A span for the kernel (step, micro-batch, buffer written, the producer acts it read,
-        for flow arrows) and one for its stream's wait on other streams, if it waited."""
+        """A span for the kernel (step, micro-batch, buffer written, stage, rank, phase, the
+        producer acts it read, for flow arrows) and one for its stream's wait on other
+        streams, if it waited."""
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
         args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": act * every // m, "act": act}
+        args |= self._span_args[actor.id]
         if m > 1 and every == 1:
             args["micro_batch"] = act % m
         if taken[0]:
@@ -359,7 +364,7 @@ class Runtime:
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
             args["inputs"].append([self._peers[actor.id].name, act])
         if waited is not None:
-            wait_args = {"iteration": args["iteration"], "for": waited[2]}
+            wait_args = {"iteration": args["iteration"], "for": waited[2], **self._span_args[actor.id]}
             self.recorder.add(stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args)
         self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
 
@@ -565,6 +570,21 @@ class Runtime:
                 )
             arrays[name] = array
         return arrays
+
+
+def _span_args(plan: Plan, actor: Actor, rank: int) -> dict[str, Any]:
+    """What every span of ``actor`` carries besides its act: its stage (where the plan has
+    stages), its rank and its phase (see ``trace.recorder``)."""
+    stage = plan.stage_of(actor.device)
+    return ({} if stage is None else {"stage": stage}) | {"rank": rank, "phase": _phase(actor)}
+
+
+def _phase(actor: Actor) -> str:
+    if actor.kind in ("update", "variable"):
+        return "update"
+    if actor.kind == "compute":
+        return "backward" if actor.backward else "forward"
+    return "communication"
 
 
 def _last_micro_batch(act: int, every: int) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 import trio
 
 from ..plan import Plan
-from ..trace.recorder import Recorder
+from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
 from .runtime import Feeds, Runtime
 
@@ -24,12 +25,19 @@ def run(
     *,
     trace: str | os.PathLike | None = None,
     trace_iterations: Collection[int] | None = None,
+    trace_limit: int | None = TRACE_LIMIT,
     stall_timeout: float = 60.0,
 ) -> Any:
     """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome
-    trace there (of ``trace_iterations`` only, if given)."""
-
-    rt = Runtime(plan, trace=trace is not None, trace_iterations=trace_iterations, stall_timeout=stall_timeout)
+    trace there (of ``trace_iterations`` only, if given; of the latest iterations whose
+    spans fit in ``trace_limit``, with a warning when earlier ones were dropped)."""
+    rt = Runtime(
+        plan,
+        trace=trace is not None,
+        trace_iterations=trace_iterations,
+        trace_limit=trace_limit,
+        stall_timeout=stall_timeout,
+    )
     checked = rt.check(feeds)
 
     async def main() -> Any:
@@ -37,9 +45,12 @@ def run(
             outputs = await rt.run(checked)
         if trace is not None:
             rt.recorder.write(trace)
-        return outputs
+        return outputs, rt.recorder.note()
 
-    return trio.run(main)
+    outputs, dropped = trio.run(main)
+    if dropped:
+        warnings.warn(f"trace {os.fspath(trace)!r}: {dropped}", RuntimeWarning, stacklevel=2)
+    return outputs
 
 
 class Session:
@@ -52,9 +63,16 @@ class Session:
         *,
         trace: bool = False,
         trace_iterations: Collection[int] | None = None,
+        trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
     ) -> None:
-        self._runtime = Runtime(plan, trace=trace, trace_iterations=trace_iterations, stall_timeout=stall_timeout)
+        self._runtime = Runtime(
+            plan,
+            trace=trace,
+            trace_iterations=trace_iterations,
+            trace_limit=trace_limit,
+            stall_timeout=stall_timeout,
+        )
         self._blas = contextlib.ExitStack()
         self._blas.enter_context(single_threaded_blas())
         self._token: trio.lowlevel.TrioToken | None = None

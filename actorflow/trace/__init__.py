@@ -5,9 +5,11 @@ plain names and numbers, never Plans."""
 from .metrics import CriticalPath, StageBubble, StreamStat, TraceSummary, summarize
 from .parse import load
 from .plot import plot_timeline
-from .recorder import WAIT, Recorder, Span, parse_iterations
+from .recorder import STEP, TRACE_LIMIT, WAIT, Recorder, Span, parse_iterations
 
 __all__ = [
+    "STEP",
+    "TRACE_LIMIT",
     "WAIT",
     "CriticalPath",
     "Recorder",

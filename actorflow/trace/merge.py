@@ -5,7 +5,8 @@ A rank's trace (``Recorder(rank=r)``) counts its times from its own first span a
 ``inputs``. The merge shifts every rank's spans onto one timeline by those unix times,
 makes a process per rank with its streams as threads, and draws flows with the recorder's
 own logic: a receive lists the matching send of another rank among its inputs, so the
-arrow crosses ranks.
+arrow crosses ranks. Where a rank dropped its oldest iterations (``otherData.kept_from``,
+see ``Recorder``), the merge keeps only the iterations every rank holds whole.
 
 Ranks on one host share the monotonic clock, so they line up as well as each Recorder took
 its offset to unix time (microseconds, unless the wall clock was stepped in between);
@@ -39,9 +40,11 @@ def merge(traces: Sequence[dict[str, Any]], names: Sequence[str] | None = None) 
             raise ValueError(f"{seen[rank]} and {name} are both rank {rank}")
         seen[rank] = name
     start = min(origin for _, origin in ranks)
+    kept_from = max((k for k in map(_kept_from, traces) if k is not None), default=None)
     spans: list[Span] = []
     for trace, (rank, origin) in zip(traces, ranks):
         parsed, shift = parse(trace), origin - start
+        kept = parsed.spans if kept_from is None else [s for s in parsed.spans if _since(s.args, kept_from)]
         spans.extend(
             Span(
                 f"rank {rank}",
@@ -52,9 +55,24 @@ def merge(traces: Sequence[dict[str, Any]], names: Sequence[str] | None = None) 
                 shift + s.end * _NS,
                 s.args,
             )
-            for s in parsed.spans
+            for s in kept
         )
-    return chrome_trace(spans)
+    merged = chrome_trace(spans)
+    if kept_from is not None:
+        note = f"iterations from {kept_from} on: some rank dropped its earlier ones to stay within its trace limit"
+        merged["otherData"] = {"kept_from": kept_from, "note": note}
+    return merged
+
+
+def _kept_from(trace: Any) -> int | None:
+    kept = trace.get("otherData", {}).get("kept_from") if isinstance(trace, dict) else None
+    return kept if type(kept) is int else None
+
+
+def _since(args: dict[str, Any], iteration: int) -> bool:
+    """Whether a span is of ``iteration`` or later (or of no iteration)."""
+    own = args.get("iteration")
+    return type(own) is not int or own >= iteration
 
 
 def _rank_and_origin(trace: Any, name: str) -> tuple[int, float]:

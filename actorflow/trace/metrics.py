@@ -1,7 +1,8 @@
 """Numbers from a trace: how busy each stream was, how much communication hid behind
 compute, the pipeline bubble per stage, and the critical path.
 
-Definitions (a *kernel* is any complete event whose category is not ``"wait"``):
+Definitions (a *kernel* is any complete event whose category is neither ``"wait"`` nor
+``"step"``; the steps' track is no stream and counts for nothing but the wall):
 
 - **wall**: first start to last end over all complete events, waits included.
 - **busy** of a stream: the length of the union of its kernels (overlapping spans count
@@ -10,7 +11,7 @@ Definitions (a *kernel* is any complete event whose category is not ``"wait"``):
   kernels on compute streams, |C ∩ P| / |C| (None without collective time).
 - **bubble** of a stage: a stage is a device, in stage order when given (``stages``),
   else read from the kernels' ``args["stage"]`` on compute streams (most frequent value per
-  stream). Each iteration (step: ``args["iteration"]``) has one window for all stages:
+  stream; every span of a run compiled with ``stages=`` carries one). Each iteration (step: ``args["iteration"]``) has one window for all stages:
   first start to last end over that iteration's kernels on every stage's compute stream.
   A stage's bubble is the part of the windows its compute stream was not busy (waits
   count as idle): 1 - sum of busy / sum of windows. For GPipe or 1F1B with p stages, m
@@ -39,6 +40,7 @@ from typing import Any
 import attrs
 
 from .parse import Span, Trace, parse, sort_key
+from .recorder import STEP
 
 GAP = "gap"
 Interval = tuple[int, int]
@@ -143,7 +145,10 @@ def summarize_parsed(trace: Trace, stages: Sequence[str] | None = None) -> Trace
     kernel_times: list[list[Interval]] = [[] for _ in trace.tracks]
     wait_times: list[list[Interval]] = [[] for _ in trace.tracks]
     for s in spans:
-        (wait_times if s.is_wait else kernel_times)[s.track].append((s.start, s.end))
+        if s.is_wait:
+            wait_times[s.track].append((s.start, s.end))
+        elif s.is_kernel:
+            kernel_times[s.track].append((s.start, s.end))
     busy = [_union(times) for times in kernel_times]
     streams = tuple(
         StreamStat(
@@ -156,6 +161,7 @@ def summarize_parsed(trace: Trace, stages: Sequence[str] | None = None) -> Trace
             wait_s=_s(_length(_union(wait_times[i]))),
         )
         for i, t in enumerate(trace.tracks)
+        if t.kind != STEP
     )
 
     def union_of(kind: str) -> list[Interval]:
@@ -179,7 +185,7 @@ def summarize_parsed(trace: Trace, stages: Sequence[str] | None = None) -> Trace
 
 def critical_path(trace: Trace) -> CriticalPath:
     """The longest chain (module docstring), by dynamic programming over kernels in start order."""
-    order = [i for i, s in enumerate(trace.spans) if not s.is_wait]
+    order = [i for i, s in enumerate(trace.spans) if s.is_kernel]
     rank = {i: k for k, i in enumerate(order)}
     preds: dict[int, list[int]] = {i: [] for i in order}
     last_on_track: dict[int, int] = {}
@@ -229,7 +235,7 @@ def _bubbles(
     else:
         for i in compute:
             labels = Counter(
-                s.args["stage"] for s in trace.spans if s.track == i and not s.is_wait and "stage" in s.args
+                s.args["stage"] for s in trace.spans if s.track == i and s.is_kernel and "stage" in s.args
             )
             if labels:
                 rows.append((labels.most_common(1)[0][0], trace.tracks[i].device, i))
@@ -237,7 +243,7 @@ def _bubbles(
     tracks = {i for _, _, i in rows if i is not None}
     steps: dict[Any, dict[int, list[Interval]]] = {}
     for s in trace.spans:
-        if s.track in tracks and not s.is_wait:
+        if s.track in tracks and s.is_kernel:
             steps.setdefault(s.args.get("iteration"), {}).setdefault(s.track, []).append((s.start, s.end))
     windows = []
     used = dict.fromkeys(tracks, 0)

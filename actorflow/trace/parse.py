@@ -14,14 +14,15 @@ from typing import Any
 
 import attrs
 
-from .recorder import STREAM_KINDS, WAIT
+from .recorder import STEP, STREAM_KINDS, WAIT
 
 COPY_CATEGORIES = frozenset({"copy", "feed", "fetch"})
 
 
 @attrs.frozen
 class Track:
-    """One stream. kind: compute, copy, collective, comm or other (see ``_kind``)."""
+    """One stream, or the steps' track. kind: compute, copy, collective, comm, step or
+    other (see ``_kind``)."""
 
     process: str
     thread: str
@@ -48,11 +49,17 @@ class Span:
     def is_wait(self) -> bool:
         return self.category == WAIT
 
+    @property
+    def is_kernel(self) -> bool:
+        """Neither a wait nor a step span."""
+        return self.category not in (WAIT, STEP)
+
 
 @attrs.frozen
 class Trace:
     """tracks in (pid, tid) order; spans sorted by (start, end), times in ns on the file's
-    clock; flows: (producer, consumer) indices into ``spans``, both kernels (never waits)."""
+    clock; flows: (producer, consumer) indices into ``spans``, both kernels (never waits
+    or steps)."""
 
     tracks: tuple[Track, ...]
     spans: tuple[Span, ...]
@@ -105,7 +112,7 @@ def parse(trace_json: dict[str, Any] | list[dict[str, Any]]) -> Trace:
     categories: list[set[str]] = [set() for _ in keys]
     for s in spans:
         if not s.is_wait:
-            categories[s.track].add(s.category)
+            categories[s.track].add(s.category)  # steps too: a track of steps is kind "step"
     tracks = []
     for (pid, tid), ran in zip(keys, categories):
         thread = threads.get((pid, tid), str(tid))
@@ -124,12 +131,14 @@ def sort_key(value: Any) -> tuple:
 
 def _kind(thread: str, categories: set[str]) -> str:
     """The stream kind from the thread name's last part (``cpu:0/compute``) or, failing
-    that, from what ran on it: only collectives, only copies, else compute."""
+    that, from what ran on it: only steps, only collectives, only copies, else compute."""
     suffix = thread.rsplit("/", 1)[-1]
     if suffix in STREAM_KINDS:
         return suffix
     if not categories:
         return "other"
+    if categories == {STEP}:
+        return STEP
     if categories == {"collective"}:
         return "collective"
     if categories <= COPY_CATEGORIES:
@@ -145,7 +154,7 @@ def _bind_flows(
     span that starts at or after it (Chrome's rules)."""
     kernels: dict[int, list[int]] = {}
     for i, s in enumerate(spans):
-        if not s.is_wait:
+        if s.is_kernel:
             kernels.setdefault(s.track, []).append(i)
     starts = {t: [spans[i].start for i in ids] for t, ids in kernels.items()}
 

@@ -1,4 +1,6 @@
-"""A Gantt chart of a trace: one row per stream, spans colored by op kind, metrics on top.
+"""A Gantt chart of a trace: one row per stream, spans colored by phase (forward, backward,
+update, communication), the steps on a row of their own with a line at each step's end,
+metrics on top.
 
 matplotlib is optional (``pip install 'actorflow[plot]'``); it is imported when a plot is
 drawn, and drawn through the Agg canvas directly, so pyplot's global backend is untouched.
@@ -11,25 +13,40 @@ from collections.abc import Sequence
 from typing import Any
 
 from .metrics import TraceSummary, summarize_parsed
-from .parse import COPY_CATEGORIES, parse
-from .recorder import WAIT
+from .parse import COPY_CATEGORIES, Trace, parse
+from .recorder import STEP, WAIT
 
 INSTALL = "pip install 'actorflow[plot]'"
+PHASES = ("forward", "backward", "update", "communication")
 COLORS = {
-    "compute": "#4C72B0",
-    "copy": "#DD8452",
-    "collective": "#55A868",
+    "forward": "#4C72B0",
+    "backward": "#DD8452",
+    "update": "#8172B3",
+    "communication": "#55A868",
+    "compute": "#64B5CD",  # a kernel of a trace that names no phase
     WAIT: "#C8C8C8",
-    "other": "#8172B3",
+    "other": "#937860",
 }
+STEP_SHADES = ("#D9D9D9", "#A6A6A6")  # alternate steps on the steps' row
+STEP_LINE = "#7F7F7F"
+MARKED_STEPS = 200  # more steps than this get their row, but no lines across the streams
+LABELED_STEPS = 40
+_COMMUNICATION = COPY_CATEGORIES | {"collective", "send", "recv"}
 
 
-def color_group(category: str) -> str:
-    """compute, copy (feeds and fetches too), collective, wait, or other (update, variable,
-    repeat, accumulate and anything else)."""
-    if category in ("compute", "collective", WAIT):
-        return category
-    return "copy" if category in COPY_CATEGORIES else "other"
+def color_group(category: str, phase: str | None = None) -> str:
+    """The span's phase where the trace names one (``args["phase"]``), else from its
+    category: compute, communication (copies, feeds, fetches, collectives, sends and
+    receives), update (updates and variables), wait, or other."""
+    if category == WAIT:
+        return WAIT
+    if phase in PHASES:
+        return phase
+    if category == "compute":
+        return "compute"
+    if category in _COMMUNICATION:
+        return "communication"
+    return "update" if category in ("update", "variable") else "other"
 
 
 def plot_timeline(
@@ -58,20 +75,38 @@ def plot_timeline(
     ax = fig.add_subplot()
     bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
     for s in trace.spans:
-        bars.setdefault((s.track, color_group(s.category)), []).append((s.start / 1e6, (s.end - s.start) / 1e6))
+        if s.category != STEP:
+            group = color_group(s.category, s.args.get("phase"))
+            bars.setdefault((s.track, group), []).append((s.start / 1e6, (s.end - s.start) / 1e6))
     for (row, group), ranges in bars.items():
         ax.broken_barh(ranges, (row - 0.4, 0.8), facecolors=COLORS[group], linewidth=0)
+    _mark_steps(ax, trace)
     ax.set_yticks(range(rows), [_label(t.process, t.thread) for t in trace.tracks])
     ax.set_xlabel("time (ms)")
     if trace.spans:
         ax.set_ylim(rows - 0.5, -0.5)
         ax.set_xlim(0, max(s.end for s in trace.spans) / 1e6)
     present = sorted({group for _, group in bars}, key=list(COLORS).index)
-    if present:
-        handles = [Patch(color=COLORS[g], label=g) for g in present]
+    handles = [Patch(color=COLORS[g], label=g) for g in present]
+    if any(s.category == STEP for s in trace.spans):
+        handles.append(Patch(color=STEP_SHADES[1], label="step"))
+    if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     ax.set_title(_title(summary), fontsize="medium")
     fig.savefig(path, dpi=dpi)
+
+
+def _mark_steps(ax: Any, trace: Trace) -> None:
+    """The step spans in alternating shades on their row (labelled while few), and a line
+    across every row at each step's end (while not too many)."""
+    steps = [s for s in trace.spans if s.category == STEP]
+    for k, s in enumerate(steps):
+        ax.broken_barh([(s.start / 1e6, (s.end - s.start) / 1e6)], (s.track - 0.4, 0.8),
+                       facecolors=STEP_SHADES[k % 2], linewidth=0)
+        if len(steps) <= LABELED_STEPS:
+            ax.text((s.start + s.end) / 2e6, s.track, s.name, ha="center", va="center", fontsize="x-small")
+        if len(steps) <= MARKED_STEPS:
+            ax.axvline(s.end / 1e6, color=STEP_LINE, linewidth=0.6, linestyle="--")
 
 
 def _label(process: str, thread: str) -> str:

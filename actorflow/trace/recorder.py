@@ -2,18 +2,24 @@
 
 It knows nothing of Plans: the runtime hands it plain names. Chrome's format opens in
 ui.perfetto.dev and chrome://tracing: one process track per device (and per rank's
-collective stream), one thread track per stream, one complete event per span.
+collective stream), one thread track per stream, one complete event per span, and a
+``host`` process whose ``steps`` track has one span per step (``step N``, like the
+PyTorch profiler's ``ProfilerStep#N``).
 
-Span args are exported as they are (numpy scalars as plain numbers); the runtime's kernel
-spans carry ``actor``, ``op``, ``iteration``, and where they apply ``micro_batch``,
-``register`` (the index of the output buffer written) and ``stage``. The exporter and the
-metrics read these (all optional):
+Span args are exported as they are (numpy scalars as plain numbers). The runtime's spans
+carry (README, "Traces", names the same):
 
-- ``iteration`` (int): the iteration a span belongs to; the recorder's iteration filter
-  keeps only selected ones (spans without it are always kept).
-- ``stage``: the pipeline stage of a kernel on a compute stream, for the bubble metric.
-- ``actor`` (str, default: the span's name) and ``act`` (int, that actor's act counter):
-  identify the span as a producer.
+- ``actor`` (str, default: the span's name) and ``op``;
+- ``iteration`` (int): the step the span belongs to; the recorder's iteration filter
+  keeps only selected ones, and its limit drops the oldest whole ones;
+- ``micro_batch`` (int): the micro-batch within the step, for actors that act once per
+  micro-batch of a step of several;
+- ``register`` (int): the index of the output buffer the kernel wrote;
+- ``act`` (int): that actor's act counter, identifying the span as a producer;
+- ``stage`` (int): the pipeline stage of the actor's device (plans compiled with
+  ``stages=``), which the bubble metric reads;
+- ``rank`` (int): the process that ran it (0 in a one-process run);
+- ``phase``: ``forward``, ``backward``, ``update`` or ``communication``, the plot's colours;
 - ``inputs``: ``[[producer_actor, producer_act], ...]`` the acts whose registers this span
   read. Each one recorded on another track becomes a flow arrow producer -> consumer;
   ``inputs`` itself is left out of the exported args, except in a rank's trace.
@@ -24,10 +30,18 @@ A rank's trace (``Recorder(rank=r)``, one per process of a multi-rank run) also 
 
 A span of category ``"wait"`` is time a stream spent waiting on an event: it is exported
 like any other span, on the waiting stream's track, and metrics treat it as idle time.
+Step spans (category ``"step"``) are made at export from the kernels of each iteration:
+a step runs from its first kernel's start (or the previous step's end, if later, so that
+pipelined steps do not overlap on their track) to its last kernel's end.
+
+Memory is bounded: a recorder holds at most ``limit`` spans, the latest whole iterations
+(a long run keeps its last steps); ``kept_from`` says from which iteration on, and the
+exported trace says so in ``otherData``.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import re
@@ -38,6 +52,9 @@ from typing import Any
 import attrs
 
 WAIT = "wait"
+STEP = "step"
+HOST, STEPS = "host", "steps"  # the process and thread of the step spans
+TRACE_LIMIT = 200_000  # spans: about 150 MB held, a 40 MB file that Perfetto still opens
 STREAM_KINDS = ("compute", "copy", "collective", "comm")  # a stream's name ends in /KIND
 _FLOW = {"name": "dataflow", "cat": "flow"}
 
@@ -61,37 +78,104 @@ class Recorder:
     rank: the rank whose spans these are, in a multi-rank run (None: a one-process run).
     A rank's span times must be ``time.perf_counter()`` seconds, whose offset to unix time
     is taken here, once, to export the trace's origin in unix time.
+    limit: the most spans held (None: no bound). Past it the oldest iteration's spans are
+    dropped, whole, and later spans of a dropped iteration are refused; spans without an
+    iteration count as older than any.
     """
 
     def __init__(
-        self, enabled: bool = False, iterations: Collection[int] | None = None, rank: int | None = None
+        self,
+        enabled: bool = False,
+        iterations: Collection[int] | None = None,
+        rank: int | None = None,
+        limit: int | None = TRACE_LIMIT,
     ) -> None:
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise ValueError(f"a trace's limit is a number of spans >= 1 or None, not {limit!r}")
         self.enabled = enabled
         self.iterations = None if iterations is None else frozenset(iterations)
         self.rank = rank
-        self.spans: list[Span] = []
+        self.limit = limit
+        self.kept_from: int | None = None  # spans of iterations before it were dropped
+        self.dropped = 0  # iterations whose spans were dropped
+        self._groups: dict[int, list[Span]] = {}  # per iteration (-1: none), oldest first by heap
+        self._oldest: list[int] = []
+        self._held = 0
         self._unix_offset = time.time() - time.perf_counter()
 
     def add(
         self, process: str, thread: str, name: str, category: str, start: float, end: float, args: dict
     ) -> None:
-        if self.iterations is not None:
-            iteration = args.get("iteration")
-            if iteration is not None and iteration not in self.iterations:
+        iteration = args.get("iteration")
+        if iteration is not None:
+            if self.iterations is not None and iteration not in self.iterations:
                 return
-        self.spans.append(Span(process, thread, name, category, start, end, args))
+            if self.kept_from is not None and iteration < self.kept_from:
+                return
+        key = -1 if iteration is None else iteration
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = []
+            heapq.heappush(self._oldest, key)
+        group.append(Span(process, thread, name, category, start, end, args))
+        self._held += 1
+        while self.limit is not None and self._held > self.limit:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        key = heapq.heappop(self._oldest)
+        self._held -= len(self._groups.pop(key))
+        if key >= 0:
+            self.dropped += 1
+            self.kept_from = max(self.kept_from or 0, key + 1)
+
+    @property
+    def spans(self) -> list[Span]:
+        """The spans held, in start order."""
+        return sorted((s for group in self._groups.values() for s in group), key=lambda s: (s.start, s.end))
 
     def kernels(self) -> list[Span]:
         """The kernels' spans, without the waits."""
         return [s for s in self.spans if s.category != WAIT]
 
+    def steps(self) -> list[Span]:
+        """One span per iteration held, on the ``host`` process's ``steps`` track (module
+        docstring): what ``to_chrome`` adds to the kernels' spans."""
+        spans = []
+        previous_end = float("-inf")
+        for iteration in sorted(k for k in self._groups if k >= 0):
+            kernels = [s for s in self._groups[iteration] if s.category != WAIT]
+            if not kernels:
+                continue
+            end = max(s.end for s in kernels)
+            start = min(max(min(s.start for s in kernels), previous_end), end)
+            args = {"iteration": iteration, "rank": self.rank or 0}
+            spans.append(Span(HOST, STEPS, f"step {iteration}", STEP, start, end, args))
+            previous_end = max(previous_end, end)
+        return spans
+
     def to_chrome(self) -> dict[str, Any]:
-        """``chrome_trace`` of the spans; a rank's trace adds its rank and origin and keeps inputs."""
-        if self.rank is None:
-            return chrome_trace(self.spans)
-        trace = chrome_trace(self.spans, keep_inputs=True)
-        trace["otherData"] = {"rank": self.rank, "origin_unix": _origin(self.spans) + self._unix_offset}
+        """``chrome_trace`` of the spans and steps; a rank's trace adds its rank and origin
+        and keeps inputs; a trace that dropped iterations says from which one it is whole."""
+        spans = self.spans + self.steps()
+        trace = chrome_trace(spans, keep_inputs=self.rank is not None)
+        other: dict[str, Any] = {}
+        if self.rank is not None:
+            other = {"rank": self.rank, "origin_unix": _origin(spans) + self._unix_offset}
+        if self.kept_from is not None:
+            other |= {"kept_from": self.kept_from, "note": self.note()}
+        if other:
+            trace["otherData"] = other
         return trace
+
+    def note(self) -> str:
+        """What was dropped, for people ("" when nothing was)."""
+        if self.kept_from is None:
+            return ""
+        return (
+            f"the spans of {self.dropped} iterations before {self.kept_from} were dropped "
+            f"to hold at most {self.limit:,} spans; iterations {self.kept_from} on are whole"
+        )
 
     def write(self, path: str | os.PathLike) -> None:
         write_chrome(self.to_chrome(), path)
@@ -178,19 +262,20 @@ def _natural(text: str) -> tuple:
 
 
 def _process_order(process: str) -> tuple:
-    return (process.startswith("rank"), _natural(process))
+    return (process != HOST, process.startswith("rank"), _natural(process))
 
 
 def _thread_order(thread: str) -> tuple:
     kind = thread.rsplit("/", 1)[-1]
-    return (STREAM_KINDS.index(kind) if kind in STREAM_KINDS else len(STREAM_KINDS), _natural(thread))
+    rank = -1 if thread == STEPS else STREAM_KINDS.index(kind) if kind in STREAM_KINDS else len(STREAM_KINDS)
+    return (rank, _natural(thread))
 
 
 def _flows(spans: list[Span]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Flow ids leaving and entering each kernel span (by index): one per input whose
     producer span was recorded on another track. Unrecorded producers give no flow at all;
     waits never take part, even when they carry their kernel's actor and act."""
-    kernels = [(i, s) for i, s in enumerate(spans) if s.category != WAIT]
+    kernels = [(i, s) for i, s in enumerate(spans) if s.category not in (WAIT, STEP)]
     producers: dict[tuple[str, int], int] = {}
     for i, s in kernels:
         act = s.args.get("act")

@@ -31,6 +31,8 @@ def table(config: Config, result: RunResult) -> str:
             str(result.activation_quotas[s]),
         ))
     lines += columns(rows)
+    if result.bubble_steps < config.train.steps:
+        lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")
     lines += ["", "planned memory per device:"]
     lines += [f"  {device}: {nbytes / 2**20:.2f} MiB" for device, nbytes in sorted(result.memory.items())]
     return "\n".join(lines)
@@ -43,6 +45,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "seconds": result.seconds,
         "samples_per_second": result.samples_per_second,
         "losses": result.losses,
+        "bubble_steps": result.bubble_steps,
         "stages": [
             {
                 "devices": list(devices),

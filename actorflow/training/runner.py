@@ -17,17 +17,22 @@ from ..runtime.logical import assemble
 from ..runtime.transport import gather
 from ..trace.merge import merge
 from ..trace.metrics import summarize
-from ..trace.recorder import write_chrome
+from ..trace.recorder import TRACE_LIMIT, write_chrome
 from .data import Part, step_feeds, synthetic_classification
 from .model import build_graph
+
+REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB, 100+ steps
 
 
 @attrs.frozen
 class RunResult:
     """What a run did. ``bubbles``: per stage, the measured idle fraction of its (first
     replica's) compute stream within the steps (see ``trace.metrics``); ``theory``: (p-1)/(m+p-1);
-    ``peak_activations``: per stage, the most micro-batches whose kept-for-backward
-    registers were held at once; ``activation_quotas``: per stage, the quota the
+    ``bubble_steps``: how many steps (the last ones) the bubbles were measured over: a
+    run holds the spans of its latest steps only, ``REPORT_SPANS`` of them (a traced
+    run's trace, ``TRACE_LIMIT``), so memory stays flat however long it runs; ``trace_note``:
+    what the trace left out, if anything; ``peak_activations``: per stage, the most
+    micro-batches whose kept-for-backward registers were held at once; ``activation_quotas``: per stage, the quota the
     schedule gave those registers (the bound on ``peak_activations``); ``memory``:
     planned bytes per device. Over ranks, rank 0's result has every stage's numbers and
     every parameter; another rank's, its own."""
@@ -36,11 +41,13 @@ class RunResult:
     seconds: float
     samples_per_second: float
     bubbles: list[float]
+    bubble_steps: int
     theory: float
     peak_activations: list[int]
     activation_quotas: list[int]
     memory: dict[str, int]
     parameters: dict[str, np.ndarray]
+    trace_note: str = ""
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -70,7 +77,7 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
     plan = compile_config(config)
     data = synthetic_classification(config)
     losses = []
-    with Session(plan, trace=True) as session:
+    with Session(plan, trace=True, trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT) as session:
         rank = session.rank
         parts = local_feeds(plan, rank)
         start = time.perf_counter()
@@ -102,11 +109,14 @@ def train(config: Config, on_step: Callable[[int, float], None] | None = None, t
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     measured = iter(summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine]).stages)
     bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
+    other = chrome.get("otherData", {})
     return RunResult(
         losses=losses,
         seconds=seconds,
         samples_per_second=config.train.steps * config.train.batch_size / seconds,
         bubbles=bubbles,
+        bubble_steps=config.train.steps - other.get("kept_from", 0),
+        trace_note=other.get("note", "") if trace is not None else "",
         theory=(p - 1) / (m + p - 1),
         peak_activations=peaks,
         activation_quotas=quotas,
