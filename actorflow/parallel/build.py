@@ -53,6 +53,7 @@ def placeholder(
     devices = _placement("placeholder", device, sbp)
     if devices is None:
         return g.placeholder(name, shape, dtype, device)
+    assert sbp is not None, "_placement checked it"
     shape = tuple(shape)
     part = local_shape("placeholder", shape, sbp, len(devices))
     parts = [g.placeholder(f"{name}[{d}]", part, dtype, d) for d in devices]
@@ -66,6 +67,7 @@ def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = No
     devices = _placement("parameter", device, sbp)
     if devices is None:
         return g.parameter(name, value, device)
+    assert sbp is not None, "_placement checked it"
     value = np.asarray(value)
     local_shape("parameter", value.shape, sbp, len(devices))
     values = np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
@@ -97,7 +99,7 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
         roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
         flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
         grads = iter(local_gradients(list(roots), flat))
-        out = []
+        out: list[Tensor | GlobalTensor | None] = []
         for x in xs:
             if not isinstance(x, GlobalTensor):
                 out.append(next(grads))
@@ -106,10 +108,10 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
             if all(p is None for p in parts):
                 out.append(None)
                 continue
-            parts = [
+            filled = tuple(
                 p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for p, t in zip(parts, x.locals)
-            ]
-            out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, tuple(parts)))
+            )
+            out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, filled))
     return out
 
 
