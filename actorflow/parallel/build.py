@@ -10,7 +10,7 @@ every replica takes the same update.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -46,6 +46,28 @@ def _record(kind: str, name: str, sbp: SBP, parts: Sequence[str]) -> None:
     graph.logical.append(LogicalTensor(kind, name, *sbp_code(sbp), tuple(parts)))
 
 
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: str = "cpu:0", sbp: None = None
+) -> Tensor: ...
+
+
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", *, device: Sequence[str], sbp: SBP
+) -> GlobalTensor: ...
+
+
+@overload
+def placeholder(name: str, shape: Sequence[int], dtype: Any, device: Sequence[str], sbp: SBP) -> GlobalTensor: ...
+
+
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: Any = "cpu:0", sbp: SBP | None = None
+) -> Tensor | GlobalTensor: ...
+
+
 def placeholder(
     name: str, shape: Sequence[int], dtype: Any = "float32", device: Any = "cpu:0", sbp: SBP | None = None
 ) -> Tensor | GlobalTensor:
@@ -59,6 +81,18 @@ def placeholder(
     parts = [g.placeholder(f"{name}[{d}]", part, dtype, d) for d in devices]
     _record("feed", name, sbp, [p.name for p in parts])
     return GlobalTensor(shape, sbp, tuple(parts))
+
+
+@overload
+def parameter(name: str, value: Any, device: str = "cpu:0", sbp: None = None) -> Tensor: ...
+
+
+@overload
+def parameter(name: str, value: Any, device: Sequence[str], sbp: SBP) -> GlobalTensor: ...
+
+
+@overload
+def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor: ...
 
 
 def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor:
