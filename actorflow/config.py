@@ -333,7 +333,7 @@ def _list_hook(cls: Any, converter: cattrs.Converter) -> Callable[[Any, Any], tu
     return structure
 
 
-def _mapping_hook(cls: type, converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
+def _mapping_hook(cls: type[Any], converter: cattrs.Converter) -> Callable[[Any, Any], Any]:
     """cattrs' own attrs-class hook, but with a clear message when the value isn't a mapping."""
     structure_fields = make_dict_structure_fn(cls, converter)
 

@@ -26,8 +26,9 @@ import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import BinaryIO
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
+from typing import Any, BinaryIO
 
 GRACE = 3.0
 """Seconds mpiexec gets after the first forwarded signal before its tree is killed."""
@@ -194,6 +195,10 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+_Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+"""What ``signal.signal`` returns: the handler it replaced."""
+
+
 class _Forward:
     """Forwards SIGINT, SIGTERM and SIGHUP to mpiexec, remembering the first one and when."""
 
@@ -202,13 +207,13 @@ class _Forward:
         self.at = 0.0
         self._proc: subprocess.Popen | None = None
 
-    def __call__(self, signum: int, frame: object) -> None:
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.first is None:
             self.first, self.at = signum, time.monotonic()
         if self._proc is not None:
             self._proc.send_signal(signum)
 
-    def install(self) -> dict[int, object]:
+    def install(self) -> dict[int, _Handler]:
         if threading.current_thread() is not threading.main_thread():
             return {}
         return {sig: signal.signal(sig, self) for sig in _FORWARDED}
@@ -219,7 +224,7 @@ class _Forward:
         if self.first is not None:
             proc.send_signal(self.first)
 
-    def restore(self, old: dict[int, object]) -> None:
+    def restore(self, old: dict[int, _Handler]) -> None:
         for sig, handler in old.items():
             signal.signal(sig, handler)
 
@@ -368,17 +373,18 @@ def _pump(pipe: BinaryIO, sink: BinaryIO, width: int, hydra: _HydraText) -> None
     """Copy one of mpiexec's streams to ``sink``, each rank's lines prefixed by its rank;
     after the sink breaks (``| head``) keep reading, so mpiexec never blocks on a write."""
     demux = _Demux()
+    out: BinaryIO | None = sink
 
     def show(lines: list[tuple[int | None, bytes]]) -> None:
-        nonlocal sink
+        nonlocal out
         for rank, line in lines:
             text = hydra.line(line) if rank is None else b"[%*d] " % (width, rank) + line
-            if text is not None and sink is not None:
+            if text is not None and out is not None:
                 try:
-                    sink.write(text)
-                    sink.flush()
+                    out.write(text)
+                    out.flush()
                 except OSError:
-                    sink = None
+                    out = None
 
     while chunk := os.read(pipe.fileno(), 65536):
         show(demux.feed(chunk))

@@ -33,6 +33,7 @@ def expand(graph: Graph) -> Plan:
 
     def new_actor(node: Node, name: str, device: str, ins: list, outs: list[int], group=-1) -> int:
         opdef = lookup(node.op)
+        assert opdef.kernel is not None, "a parameter becomes a variable actor or no actor"
         actor = Actor(
             id=len(actors),
             name=name,
@@ -56,8 +57,8 @@ def expand(graph: Graph) -> Plan:
             continue
         kind = lookup(node.op).kind
         if kind == "parameter" and node.id in updated:
-            actor = new_actor(attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0])
-            reg = actors[actor].outputs[0]
+            variable = new_actor(attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0])
+            reg = actors[variable].outputs[0]
             parameters.append(Parameter(node.name, reg, node.attrs["value"]))
         elif kind == "parameter":
             reg = new_register(-1, node, 0)
@@ -73,12 +74,12 @@ def expand(graph: Graph) -> Plan:
             collectives.append(Collective(group, node.name, node.op, tuple(participants)))
         else:
             device = node.outputs[0].device if node.outputs else graph.meta(node.inputs[0]).device
-            actor = new_actor(node, node.name, device, list(node.inputs), list(range(len(node.outputs))))
+            actor_id = new_actor(node, node.name, device, list(node.inputs), list(range(len(node.outputs))))
             if kind == "feed":
                 meta = node.outputs[0]
-                feeds.append(Feed(node.name, actor, meta.shape, meta.dtype))
+                feeds.append(Feed(node.name, actor_id, meta.shape, meta.dtype))
             elif kind == "fetch":
-                outputs.append(Output(node.name, actor))
+                outputs.append(Output(node.name, actor_id))
 
     consumers: dict[int, list[Consumer]] = {r.id: [] for r in registers}
     for actor in actors:

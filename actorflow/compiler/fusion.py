@@ -205,8 +205,8 @@ def _fuse(plan: Plan, buckets: list[list[Collective]]) -> Plan:
                 )
             )
         elif coll.id not in fused_ids:
-            actors = tuple(map(actor_id, coll.actors))
-            collectives.append(attrs.evolve(coll, id=len(collectives), actors=actors))
+            participants = tuple(map(actor_id, coll.actors))
+            collectives.append(attrs.evolve(coll, id=len(collectives), actors=participants))
     group_of = {a: c.id for c in collectives for a in c.actors}
 
     # the fused participants and their flat registers, after the remapped old ones

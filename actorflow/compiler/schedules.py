@@ -31,7 +31,7 @@ def schedule_quotas(plan: Plan, stages: Sequence[Sequence[str]], schedule: str, 
         raise CompileError(f"schedule: one of {', '.join(SCHEDULES)}, got {schedule!r}")
     stage_of = {device: s for s, devices in enumerate(stages) for device in devices}
     m, p = plan.micro_batches, len(stages)
-    quotas = {}
+    quotas: dict[str, int] = {}
     if schedule == "gpipe":
         quotas.update((reg.name, max(m, default)) for reg in crossing_stages(plan))
     for reg in kept_for_backward(plan):

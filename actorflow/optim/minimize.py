@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..autodiff import gradients
+from ..autodiff.gradients import gradients
 from ..errors import GraphError
 from ..graph.ir import Tensor
 from .optimizers import SGD, Adam

@@ -10,7 +10,7 @@ every replica takes the same update.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -46,6 +46,28 @@ def _record(kind: str, name: str, sbp: SBP, parts: Sequence[str]) -> None:
     graph.logical.append(LogicalTensor(kind, name, *sbp_code(sbp), tuple(parts)))
 
 
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: str = "cpu:0", sbp: None = None
+) -> Tensor: ...
+
+
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", *, device: Sequence[str], sbp: SBP
+) -> GlobalTensor: ...
+
+
+@overload
+def placeholder(name: str, shape: Sequence[int], dtype: Any, device: Sequence[str], sbp: SBP) -> GlobalTensor: ...
+
+
+@overload
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any = "float32", device: Any = "cpu:0", sbp: SBP | None = None
+) -> Tensor | GlobalTensor: ...
+
+
 def placeholder(
     name: str, shape: Sequence[int], dtype: Any = "float32", device: Any = "cpu:0", sbp: SBP | None = None
 ) -> Tensor | GlobalTensor:
@@ -53,11 +75,24 @@ def placeholder(
     devices = _placement("placeholder", device, sbp)
     if devices is None:
         return g.placeholder(name, shape, dtype, device)
+    assert sbp is not None, "_placement checked it"
     shape = tuple(shape)
     part = local_shape("placeholder", shape, sbp, len(devices))
     parts = [g.placeholder(f"{name}[{d}]", part, dtype, d) for d in devices]
     _record("feed", name, sbp, [p.name for p in parts])
     return GlobalTensor(shape, sbp, tuple(parts))
+
+
+@overload
+def parameter(name: str, value: Any, device: str = "cpu:0", sbp: None = None) -> Tensor: ...
+
+
+@overload
+def parameter(name: str, value: Any, device: Sequence[str], sbp: SBP) -> GlobalTensor: ...
+
+
+@overload
+def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor: ...
 
 
 def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor:
@@ -66,6 +101,7 @@ def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = No
     devices = _placement("parameter", device, sbp)
     if devices is None:
         return g.parameter(name, value, device)
+    assert sbp is not None, "_placement checked it"
     value = np.asarray(value)
     local_shape("parameter", value.shape, sbp, len(devices))
     values = np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
@@ -97,7 +133,7 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
         roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
         flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
         grads = iter(local_gradients(list(roots), flat))
-        out = []
+        out: list[Tensor | GlobalTensor | None] = []
         for x in xs:
             if not isinstance(x, GlobalTensor):
                 out.append(next(grads))
@@ -106,10 +142,10 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
             if all(p is None for p in parts):
                 out.append(None)
                 continue
-            parts = [
+            filled = tuple(
                 p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for p, t in zip(parts, x.locals)
-            ]
-            out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, tuple(parts)))
+            )
+            out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, filled))
     return out
 
 

@@ -52,7 +52,7 @@ def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 
 def _flat(args: tuple, kwargs: dict) -> list:
-    out = []
+    out: list[Any] = []
     for v in (*args, *kwargs.values()):
         out.extend(v if isinstance(v, (list, tuple)) else [v])
     return out
@@ -141,6 +141,7 @@ def _binary(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
         return _run(op, (a, b, *args[2:]), kwargs, a.sbp)
     split = a if isinstance(a.sbp, Split) else b
     other = b if split is a else a
+    assert isinstance(split.sbp, Split), "of two different SBPs, neither partial, one is a split"
     axis = split.sbp.axis + (out_ndim - split.ndim)
     if isinstance(other.sbp, Broadcast):
         k = _split_axis_of(out_ndim, other.shape, axis)
@@ -155,7 +156,7 @@ def _matmul(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     a, b = args
     if a.ndim != 2 or b.ndim != 2 or kwargs.get("transpose_a") or kwargs.get("transpose_b"):
         return _on_broadcast(op, args, kwargs)
-    pairs = {
+    pairs: dict[tuple[SBP, SBP], SBP] = {
         (S(0), B): S(0),
         (B, S(1)): S(1),
         (S(1), S(0)): P,

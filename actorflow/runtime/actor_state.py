@@ -71,10 +71,13 @@ class ActorState:
         if self.uniform:
             ins = [q.popleft() for q in self.ready]
         else:
+            ins = []
             for k, q in enumerate(self.ready):
                 if iteration % self.holds[k] == 0:
                     self.current_in[k] = q.popleft()
-            ins = list(self.current_in)
+                register = self.current_in[k]
+                assert register is not None, "act 0 takes every input"
+                ins.append(register)
         outs = []
         for k, pool in enumerate(self.free):
             if iteration % self.periods[k]:

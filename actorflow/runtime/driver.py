@@ -64,10 +64,12 @@ class Member:
 
     __slots__ = ("actor", "state", "unit", "inputs", "outputs", "phases")
 
+    unit: Unit
+    """Set by the Unit that takes this member in."""
+
     def __init__(self, actor: Any, state: ActorState, phases: int = 1) -> None:
         self.actor = actor
         self.state = state
-        self.unit: Unit | None = None
         self.inputs: list[InputSpec] = []
         self.outputs: list[OutputSpec] = []
         self.phases = phases
@@ -78,13 +80,15 @@ class Unit:
 
     __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "urgent", "fences")
 
+    driver: Driver
+    """Set by the Driver of the unit's stream."""
+
     def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel) -> None:
         self.id = id
         self.name = name
         self.priority = priority
         self.members = members
         self.kernel = kernel
-        self.driver: Driver | None = None
         self.feed: str | None = None
         self.fetch: str | None = None
         self.urgent = False
@@ -222,9 +226,9 @@ class Driver:
                     self._send_free(spec.producer, spec.out, index)
                 else:
                     frees.append((spec.producer, spec.out, index))
-            for spec, index in zip(m.outputs, buffers):
-                if not spec.control:
-                    outs.append(spec.buffers[index])
+            for output, index in zip(m.outputs, buffers):
+                if not output.control:
+                    outs.append(output.buffers[index])
             if m.phases > 1:
                 ins.append(iteration % m.phases)
         if unit.feed is not None:
@@ -243,10 +247,10 @@ class Driver:
         for stream in unit.fences:
             stream.submit(_fence, [], [], [event], None, False)
         for m, buffers in zip(unit.members, taken):
-            for k, (spec, index) in enumerate(zip(m.outputs, buffers)):
+            for k, (output, index) in enumerate(zip(m.outputs, buffers)):
                 if not m.state.uniform and not m.state.publishes(k, iteration):
                     continue
-                for consumer, slot, early in spec.consumers:
+                for consumer, slot, early in output.consumers:
                     if early:
                         self._send_ready(consumer, slot, index, event)
                     else:

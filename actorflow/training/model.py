@@ -39,20 +39,22 @@ def build_graph(config: Config) -> Graph:
     params = initial_parameters(config)
     activation = ACTIVATIONS[config.model.activation]
     rows, dtype = config.micro_batch_size, config.model.dtype
+    # With data parallelism the tensors are GlobalTensors, which ops take through
+    # @dispatchable; the ops' annotations show one device only, hence the ignores below.
     with Graph() as graph:
         h = placeholder("x", (rows, config.features), dtype, stages[0], sbp)
         labels = placeholder("labels", (rows,), "int64", stages[-1], sbp)
         layer = 0
         for stage, count in zip(stages, config.stage_layers):
-            h = ops.to_device(h, stage)
+            h = ops.to_device(h, stage)  # type: ignore[arg-type]
             for _ in range(count):
                 w = parameter(f"w{layer}", params[f"w{layer}"], stage, B if sbp else None)
                 b = parameter(f"b{layer}", params[f"b{layer}"], stage, B if sbp else None)
-                h = ops.bias_add(ops.matmul(h, w), b)
+                h = ops.bias_add(ops.matmul(h, w), b)  # type: ignore[arg-type]
                 if layer < config.layers - 1:
                     h = activation(h)
                 layer += 1
-        loss = ops.softmax_cross_entropy(h, labels)
+        loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
         minimize(loss, optimizer(config.train.optimizer))
         output("loss", loss)
     return graph
