@@ -37,7 +37,7 @@ from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor, post
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
-from .transport import QUERY, REPLY, Transport
+from .transport import QUERY, REPLY, CommExecutor, Transport
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
@@ -82,7 +82,7 @@ class Runtime:
         self._protocol: dict[int, list[int]] = {}
         self._feed_names = feed_names(plan)
         self._feed_parts = {part: lt.name for lt in plan.logical if lt.kind == "feed" for part in lt.parts}
-        self._executors: list[StreamExecutor] = []
+        self._executors: list[StreamExecutor | CommExecutor] = []
         self._drivers: list[Driver] = []
         self._buffers: list[list[np.ndarray]] = []
         self._iterations = 0
@@ -137,9 +137,10 @@ class Runtime:
 
     async def __aexit__(self, *exc_info: Any) -> bool:
         self._state = "closed"
+        assert self._nursery is not None, "entered, so the nursery is open"
         self._nursery.cancel_scope.cancel()
         try:
-            return await self._stack.__aexit__(*exc_info)
+            return bool(await self._stack.__aexit__(*exc_info))
         except BaseExceptionGroup as group:
             error = exc_info[1] or self._error or _only_error(group)
             raise error from error.__cause__
@@ -188,6 +189,7 @@ class Runtime:
                 continue
             unit = self._add_unit(coll.name, here, units_of_stream)
             if len(here) < len(coll.actors):
+                assert self._transport is not None, "a collective spans ranks only over several"
                 unit.kernel = across_ranks(plan, coll, self.rank, self._transport)
             if coll.seconds > 0:
                 unit.kernel = functools.partial(_lasting, unit.kernel, coll.seconds)
@@ -213,12 +215,16 @@ class Runtime:
             self._executors.append(driver.executor)
             self._drivers.append(driver)
         if not plan.overlap:
-            compute = {s.device: d.executor for s, d in zip(streams, self._drivers) if s.kind == "compute"}
+            compute = {
+                s.device: d.executor
+                for s, d in zip(streams, self._drivers)
+                if s.kind == "compute" and isinstance(d.executor, StreamExecutor)
+            }
             for coll in plan.collectives:
-                here = [a for a in coll.actors if a in mine]
-                if not here:
+                ids = [a for a in coll.actors if a in mine]
+                if not ids:
                     continue
-                unit = self._members[here[0]].unit
+                unit = self._members[ids[0]].unit
                 devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
                 unit.fences = [compute[d] for d in devices if d in compute]
 
@@ -264,18 +270,22 @@ class Runtime:
 
     # -- running -------------------------------------------------------------------
 
-    def check(self, feeds: Feeds | Sequence[Feeds] | None = None) -> CheckedFeeds:
+    def check(self, feeds: Feeds | Sequence[Feeds] | CheckedFeeds | None = None) -> CheckedFeeds:
         """The feeds of a run, checked against the plan (names, shapes, dtypes, whole
         steps): what ``run`` does first. Synchronous and safe from any thread, so the sync
         API raises a FeedError before entering trio, with a traceback that is yours."""
         if isinstance(feeds, CheckedFeeds):
             return feeds
         single = feeds is None or isinstance(feeds, Mapping)
-        if not single and (not isinstance(feeds, Sequence) or isinstance(feeds, (str, bytes))):
+        batch: list[Any]
+        if feeds is None or isinstance(feeds, Mapping):
+            batch = [feeds or {}]
+        elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
+            batch = list(feeds)
+        else:
             raise FeedError(
                 f"feeds are a dict of name -> array, or a list of such dicts, not {type(feeds).__name__}"
             )
-        batch = [feeds or {}] if single else list(feeds)
         arrays = [self._check_feeds(f, k if not single else None) for k, f in enumerate(batch)]
         m = self.plan.micro_batches
         if self.plan.actors and len(arrays) % m:
@@ -449,6 +459,7 @@ class Runtime:
     async def _chain_across_ranks(self) -> list[str]:
         """Where this rank's wait-for chain ends at another rank, the chain there, asked of
         that rank (and so on, each rank once)."""
+        assert self._transport is not None
         remote = self._chain().remote
         lines, seen = [], {self.rank}
         while remote is not None and remote[0] not in seen:
@@ -475,6 +486,7 @@ class Runtime:
             answer = [chain.text, chain.remote]
         else:
             answer = [f"actor {actor} is not on rank {self.rank}", None]
+        assert self._transport is not None, "queries come only over ranks"
         self._transport.tell(asker, REPLY, msgpack.packb(answer))
 
     def _got_answer(self, payload: bytes) -> None:

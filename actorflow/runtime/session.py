@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from .runtime import Feeds, Runtime
 
 def run(
     plan: Plan,
-    feeds: Feeds | list[Feeds] | None = None,
+    feeds: Feeds | Sequence[Feeds] | None = None,
     *,
     trace: str | os.PathLike | None = None,
     trace_iterations: Collection[int] | None = None,
@@ -48,7 +48,7 @@ def run(
         return outputs, rt.recorder.note()
 
     outputs, dropped = trio.run(main)
-    if dropped:
+    if dropped and trace is not None:
         warnings.warn(f"trace {os.fspath(trace)!r}: {dropped}", RuntimeWarning, stacklevel=2)
     return outputs
 
@@ -101,7 +101,7 @@ class Session:
         finally:
             self._started.set()
 
-    def run(self, feeds: Feeds | list[Feeds] | None = None) -> Any:
+    def run(self, feeds: Feeds | Sequence[Feeds] | None = None) -> Any:
         token = self._live_token()
         checked = self._runtime.check(feeds)
         try:
@@ -150,6 +150,7 @@ class Session:
         if self._token is not None:
             token, self._token = self._token, None
             try:
+                assert self._stop is not None, "a session with a token has started"
                 trio.from_thread.run_sync(self._stop.set, trio_token=token)
             except trio.RunFinishedError:
                 pass

@@ -24,7 +24,7 @@ from .recorder import Span, chrome_trace
 _NS = 1e-9
 
 
-def merge(traces: Sequence[dict[str, Any]], names: Sequence[str] | None = None) -> dict[str, Any]:
+def merge(traces: Sequence[dict[str, Any] | list[dict[str, Any]]], names: Sequence[str] | None = None) -> dict[str, Any]:
     """The Chrome trace of all ranks: processes ``rank 0``, ``rank 1``, ... in rank order.
 
     names: what errors call each trace (its file, say); default ``trace 0``, ``trace 1``...
@@ -79,7 +79,7 @@ def _rank_and_origin(trace: Any, name: str) -> tuple[int, float]:
     other = trace.get("otherData") if isinstance(trace, dict) else None
     rank = other.get("rank") if isinstance(other, dict) else None
     origin = other.get("origin_unix") if isinstance(other, dict) else None
-    if type(rank) is not int or rank < 0 or type(origin) not in (int, float):
+    if type(rank) is not int or rank < 0 or isinstance(origin, bool) or not isinstance(origin, (int, float)):
         raise ValueError(
             f"{name} is not a rank's trace: no otherData.rank and otherData.origin_unix "
             "(written by each rank of a multi-rank run)"

@@ -256,8 +256,8 @@ def _bubbles(
     if not window:
         return 0, tuple(StageBubble(stage, device, 0.0, 1.0) for stage, device, _ in rows)
     bubbles = []
-    for stage, device, i in rows:
-        mine = used.get(i, 0)
+    for stage, device, track in rows:
+        mine = used.get(track, 0) if track is not None else 0
         bubbles.append(StageBubble(stage, device, _s(mine), 1.0 - _fraction(mine, window)))
     return window, tuple(bubbles)
 
