@@ -26,7 +26,7 @@ from .errors import (
     StallError,
 )
 from .graph import Graph, Tensor
-from .parallel import B, P, S, GlobalTensor, box, gradients, minimize, output, parameter, placeholder
+from .parallel import B, GlobalTensor, P, S, box, gradients, minimize, output, parameter, placeholder
 from .plan import Plan
 from .runtime import Runtime, Session, run
 

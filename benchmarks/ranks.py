@@ -271,14 +271,14 @@ def launch(part: str, timeout: float) -> dict:
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as expired:
         proc.send_signal(signal.SIGTERM)
         try:
             out, _ = proc.communicate(timeout=15)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
-        raise SystemExit(f"part ({part}) did not finish within {timeout:.0f} s:\n{out}")
+        raise SystemExit(f"part ({part}) did not finish within {timeout:.0f} s:\n{out}") from expired
     found = [line.split(RESULT, 1)[1] for line in out.splitlines() if line.startswith(f"[0] {RESULT}")]
     if proc.returncode != 0 or not found:
         raise SystemExit(f"part ({part}) failed (exit status {proc.returncode}):\n{out}")

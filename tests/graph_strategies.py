@@ -750,6 +750,15 @@ def _gelu(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
+UNARY_REFERENCE = {
+    "relu": lambda x: np.where(x > 0, x, 0.0),
+    "tanh": np.tanh,
+    "gelu": _gelu,
+    "exp": np.exp,
+    "log": np.log,
+}
+
+
 def _softmax(x, axis):
     e = np.exp(x - x.max(axis=axis, keepdims=True))
     return e / e.sum(axis=axis, keepdims=True)
@@ -765,14 +774,7 @@ def evaluate(recipe: Recipe, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
         elif kind == "param":
             vals.append(param_value(recipe, p[0], p[2]).astype(np.float64))
         elif kind == "unary":
-            x = vals[p[1]]
-            vals.append({
-                "relu": lambda: np.where(x > 0, x, 0.0),
-                "tanh": lambda: np.tanh(x),
-                "gelu": lambda: _gelu(x),
-                "exp": lambda: np.exp(x),
-                "log": lambda: np.log(x),
-            }[p[0]]())
+            vals.append(UNARY_REFERENCE[p[0]](vals[p[1]]))
         elif kind == "binary":
             a, b = vals[p[1]], vals[p[2]]
             vals.append({"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}[p[0]](a, b))

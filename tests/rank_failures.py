@@ -15,7 +15,6 @@ import actorflow as af
 import userfns
 from actorflow.world import this_rank
 
-
 KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.sleep_20ms, "stall": userfns.blocked}
 
 

@@ -469,7 +469,7 @@ class ActorStateMachine(RuleBasedStateMachine):
         if not hasattr(self, "state"):
             return
         assert self.state.lacking() == self.model.lacking()
-        for k, q in enumerate(self.model.quotas):
+        for k in range(len(self.model.quotas)):
             assert self.state.held(k) == self.model.in_use(k)
             assert list(self.state.free[k]) == list(self.model.free[k])
         assert self.state.max_held == self.model.peak

@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from test_cli import run_cli
-from test_config import BASELINE_YAML, MALFORMED
 
 from actorflow.config import load_config
 from actorflow.training import compile_config
+from test_cli import run_cli
+from test_config import BASELINE_YAML, MALFORMED
 
 TINY_YAML = """\
 model: {kind: mlp, sizes: [6, 8, 3], dtype: float64}

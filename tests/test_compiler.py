@@ -8,11 +8,10 @@ import pytest
 
 import actorflow as af
 import actorflow.compiler
+import userfns
 from actorflow.compiler import expand
 from actorflow.compiler.collective_order import order_collectives
 from actorflow.compiler.streams import assign_streams
-
-import userfns
 from graphs import two_collective_graph
 
 

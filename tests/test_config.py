@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actorflow.config import (
-    balanced,
     Config,
     OptimizerConfig,
     RuntimeConfig,
+    balanced,
     load_config,
     parse_config,
 )

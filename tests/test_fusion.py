@@ -20,8 +20,8 @@ from actorflow.compiler.expand import expand
 from actorflow.compiler.fusion import fuse_collectives
 from actorflow.compiler.topology import positions
 from actorflow.compiler.updates import order_updates
-from actorflow.ops.fusion_kernels import fused_all_reduce
 from actorflow.ops import kernels
+from actorflow.ops.fusion_kernels import fused_all_reduce
 
 F64 = 8  # bytes per float64 element
 
@@ -192,7 +192,7 @@ def test_kernel_matches_all_reduce_kernel():
     for op in ("sum", "mean"):
         ins = [rng.standard_normal(s) for d in range(3) for s in shapes]  # device-major
         outs = []
-        for d in range(3):
+        for _ in range(3):
             outs += [np.empty(s) for s in shapes] + [np.empty(sum(int(np.prod(s)) for s in shapes))]
         fused_all_reduce(ins, outs, op=op, members=len(shapes))
         for m, s in enumerate(shapes):
@@ -639,7 +639,7 @@ def build_dag(nodes):
     feeds = {}
     with af.Graph() as g:
         results = []
-        for j, (name, devs, op, dtype, shape, sources) in enumerate(nodes):
+        for name, devs, op, dtype, shape, sources in nodes:
             ins = []
             for d, src in zip(devs, sources):
                 if src is None:

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 import pytest
-import userfns
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
+import userfns
 from actorflow.compiler.schedules import crossing_stages, kept_for_backward
 from trace_checks import check_quotas_in_trace
 

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import actorflow as af
-
 import userfns
 
 

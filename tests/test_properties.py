@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 
 import actorflow as af
 import graph_strategies as gs
-from trace_checks import check_quotas_in_trace, data_edges, unit_of
 import userfns
+from trace_checks import check_quotas_in_trace, data_edges, unit_of
 
 SETTINGS = dict(
     deadline=None,

@@ -13,7 +13,6 @@ import pytest
 import trio
 
 import actorflow as af
-
 import userfns
 from graphs import two_collective_graph
 

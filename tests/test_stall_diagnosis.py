@@ -12,7 +12,6 @@ import pytest
 import trio
 
 import actorflow as af
-
 from graphs import two_collective_graph
 
 release = threading.Event()

@@ -14,10 +14,10 @@ import actorflow as af
 from actorflow.config import parse_config
 from actorflow.runtime import Runtime
 from actorflow.trace import STEP, WAIT, Recorder, parse_iterations, summarize
+from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import step_feeds, synthetic_classification
 from actorflow.training.runner import local_feeds
-from actorflow.trace.parse import parse
 
 MS = 1e-3
 

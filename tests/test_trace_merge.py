@@ -7,11 +7,11 @@ import json
 import time
 
 import pytest
-from test_trace_export import check_structure, complete, flows, names, threads
-from test_trace_metrics import cli
 
 from actorflow.trace import WAIT, Recorder, summarize
 from actorflow.trace.merge import merge
+from test_trace_export import check_structure, complete, flows, names, threads
+from test_trace_metrics import cli
 
 MS = 1e-3
 UNIX = 1.7e9  # rank 0's origin in unix seconds; rank 1's is LATER seconds after it

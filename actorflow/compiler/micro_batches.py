@@ -74,7 +74,7 @@ def _per_step(plan: Plan) -> set[int]:
     changed = True
     while changed:
         changed = False
-        for u, ids in members.items():
+        for ids in members.values():
             if ids[0] in per_step:
                 continue
             actors = [plan.actors[i] for i in ids]

@@ -10,7 +10,6 @@ import attrs
 from ..plan import LogicalTensor
 
 
-
 @attrs.frozen
 class TensorMeta:
     shape: tuple[int, ...]

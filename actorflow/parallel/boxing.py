@@ -7,7 +7,7 @@ from __future__ import annotations
 from .. import ops
 from ..errors import GraphError
 from .global_tensor import GlobalTensor, local_shape
-from .sbp import SBP, Broadcast, Partial, Split, B
+from .sbp import SBP, B, Broadcast, Partial, Split
 
 
 def box(x: GlobalTensor, to: SBP) -> GlobalTensor:

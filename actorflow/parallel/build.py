@@ -23,7 +23,7 @@ from ..graph.ir import Graph, Tensor
 from ..plan import LogicalTensor
 from .boxing import box
 from .global_tensor import GlobalTensor, local_shape
-from .sbp import SBP, Broadcast, Partial, Split, B, P, sbp_code
+from .sbp import SBP, B, Broadcast, P, Partial, Split, sbp_code
 
 
 def _placement(op: str, device: Any, sbp: SBP | None) -> list[str] | None:

@@ -26,7 +26,7 @@ from ..errors import GraphError
 from ..graph.ir import Tensor
 from .boxing import box
 from .global_tensor import GlobalTensor
-from .sbp import B, P, SBP, Broadcast, Partial, Split, S
+from .sbp import SBP, B, Broadcast, P, Partial, S, Split
 
 Rule = Callable[[Callable, tuple, dict], Any]
 
