@@ -24,6 +24,7 @@ from .errors import CompileError, DeadlockError
 if TYPE_CHECKING:
     from .plan import Actor, Plan
 
+ACTOR_KINDS = ("compute", "copy", "collective", "feed", "fetch", "variable", "update", "send", "recv")
 SYNCS = ("stream", "event", "implied", "completion")
 STREAM_KINDS = ("compute", "copy", "collective", "comm")
 LOGICAL_KINDS = ("feed", "output", "parameter")
@@ -35,6 +36,7 @@ def validate(plan: Plan) -> None:
     _check_header(plan)
     _check_streams(plan)
     _check_registers(plan)
+    _check_memory(plan)
     _check_actors(plan)
     _check_consumers(plan)
     _check_transfers(plan)
@@ -78,6 +80,9 @@ def _check_header(plan: Plan) -> None:
     for device, rank in plan.ranks.items():
         if not 0 <= rank < plan.world:
             raise CompileError(f"device {device!r} is on rank {rank}, outside world {plan.world}")
+    devices = {x.device for x in (*plan.actors, *plan.registers) if not x.device.startswith("rank")}
+    if plan.ranks and not devices <= plan.ranks.keys():
+        raise CompileError(f"ranks place devices {sorted(plan.ranks)}, not {sorted(devices - plan.ranks.keys())}")
     if plan.link is not None:
         bandwidth, latency = plan.link
         if not (math.isfinite(bandwidth) and bandwidth > 0 and math.isfinite(latency) and latency >= 0):
@@ -114,6 +119,8 @@ def _check_registers(plan: Plan) -> None:
             dtype = None
         if dtype is None or dtype.name != r.dtype or dtype.kind not in "biufc":
             raise CompileError(f"register {r.name!r} has dtype {r.dtype!r}, not a numeric numpy dtype name")
+        if r.control and r.nbytes:
+            raise CompileError(f"control register {r.name!r} is {r.dtype}{list(r.shape)}; it carries no data")
         _rank_of(plan, r.device, f"register {r.name!r}")
         if r.producer >= 0:
             producer = plan.actors[r.producer]
@@ -125,9 +132,25 @@ def _check_registers(plan: Plan) -> None:
                 )
 
 
+def _check_memory(plan: Plan) -> None:
+    """The planned memory per device is what its registers take (bytes x quota), so a
+    register whose shape, dtype or quota changed after planning is noticed."""
+    needed: dict[str, int] = {}
+    for r in plan.registers:
+        needed[r.device] = needed.get(r.device, 0) + r.nbytes * r.quota
+    if needed != plan.memory:
+        wrong = sorted(d for d in needed.keys() | plan.memory.keys() if needed.get(d) != plan.memory.get(d))
+        raise CompileError(
+            "the planned memory does not match the registers (bytes x quota): "
+            + ", ".join(f"{d}: planned {plan.memory.get(d)}, registers take {needed.get(d)}" for d in wrong)
+        )
+
+
 def _check_actors(plan: Plan) -> None:
     signatures: dict[int, inspect.Signature | None] = {}
     for a in plan.actors:
+        if a.kind not in ACTOR_KINDS:
+            raise CompileError(f"actor {a.name!r} has kind {a.kind!r}, not one of {list(ACTOR_KINDS)}")
         if not 0 <= a.stream < len(plan.streams):
             raise CompileError(f"actor {a.name!r} has no stream")
         stream = plan.streams[a.stream]
@@ -257,7 +280,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _check_collectives(plan: Plan) -> None:
-    owner: dict[int, str] = {}
+    """Each collective actor takes part in one collective, the one its ``group`` names;
+    a collective's participants act at one rate, on one stream per rank."""
+    owner: dict[int, Any] = {}
     for coll in plan.collectives:
         if not coll.actors:
             raise CompileError(f"collective {coll.name!r} has no participants")
@@ -265,8 +290,8 @@ def _check_collectives(plan: Plan) -> None:
             if not 0 <= a < len(plan.actors):
                 raise CompileError(f"collective {coll.name!r}: participant {a} does not exist")
             if a in owner:
-                raise CompileError(f"actor {plan.actors[a].name!r} takes part in {owner[a]!r} and {coll.name!r}")
-            owner[a] = coll.name
+                raise CompileError(f"actor {plan.actors[a].name!r} takes part in {owner[a].name!r} and {coll.name!r}")
+            owner[a] = coll
         first = plan.actors[coll.actors[0]]
         for a in (plan.actors[k] for k in coll.actors):
             if a.every != first.every:
@@ -276,6 +301,13 @@ def _check_collectives(plan: Plan) -> None:
             raise CompileError(f"the participants of {coll.name!r} on one rank are on different streams")
         if not math.isfinite(coll.seconds) or coll.seconds < 0:
             raise CompileError(f"collective {coll.name!r} lasts {coll.seconds} s")
+    for a in plan.actors:
+        coll = owner.get(a.id)
+        if (a.kind == "collective") != (coll is not None) or a.group != (coll.id if coll else -1):
+            raise CompileError(
+                f"actor {a.name!r} ({a.kind}, group {a.group}) takes part in "
+                + (f"collective {coll.name!r} (id {coll.id})" if coll else "no collective")
+            )
     rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
     if len(rates) > 1:
         raise CompileError(
