@@ -1,0 +1,197 @@
+"""Flip every bit of a small serialized Plan and see what each flip does.
+
+``fuzz_sealed``: the bytes as ``to_bytes`` writes them; the digest refuses every flip.
+``fuzz_payload``: the msgpack payload inside, flipped and sealed again with a fresh digest,
+so the schema and ``plan_check.validate`` meet every flip. A flipped plan that loads is
+run, bounded by a short stall timeout and a deadline, and its outcome classified by what
+the flip changed (see ``outcome``).
+
+``python tests/plan_fuzz.py`` prints the counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+
+import actorflow as af
+from actorflow.errors import CompileError, DeadlockError
+from actorflow.ops.gradient_ops import scale
+from actorflow.plan import _converter, _seal, _unseal
+
+STALL_TIMEOUT = 0.5
+DEADLINE = 5.0
+
+# What a flip may change and still legitimately change the result: values the plan carries
+# but cannot check (a parameter's initial value, an op's numeric attribute).
+VALUE_FIELDS = ("parameters", "value"), ("actors", "attrs")
+
+
+def small_plan() -> af.Plan:
+    """A feed, a parameter, a float attribute, two devices (so a copy and two events).
+    Short names, and no ``where`` (the user's line, only ever shown in messages), so that
+    most flips land in what the runtime acts on."""
+    with af.Graph() as g:
+        x = af.placeholder("x", shape=(2, 3), dtype="float32", device="cpu:0")
+        w = af.parameter("w", np.arange(6, dtype=np.float32).reshape(3, 2) / 4, device="cpu:0")
+        h = af.ops.relu(scale(af.ops.matmul(x, w, name="m"), 0.5, name="s"), name="r")
+        af.output("y", af.ops.to_device(h, "cpu:1", name="c"))
+    plan = af.compile(g)
+    return attrs.evolve(plan, actors=tuple(attrs.evolve(a, where="") for a in plan.actors))
+
+
+FEEDS = {"x": (np.arange(6, dtype=np.float32).reshape(2, 3) - 2)}
+
+
+def flips(data: bytes) -> Iterator[bytes]:
+    """``data`` with one bit flipped, for every bit."""
+    buffer = bytearray(data)
+    for bit in range(len(data) * 8):
+        buffer[bit // 8] ^= 1 << (bit % 8)
+        yield bytes(buffer)
+        buffer[bit // 8] ^= 1 << (bit % 8)
+
+
+def rejection(error: af.PlanSerializationError) -> str:
+    """Which check refused a flipped plan at load."""
+    message = str(error)
+    if "digest" in message:
+        return "digest"
+    if "of format" in message:
+        return "envelope (format, keys)"
+    if isinstance(error.__cause__, DeadlockError):
+        return "deadlock check"
+    if isinstance(error.__cause__, CompileError):
+        return "consistency"
+    if message.startswith("not a valid Plan"):
+        return "schema"
+    if "cannot import" in message:
+        return "function import"
+    return "msgpack decode"
+
+
+def changed_fields(original: Any, flipped: Any, path: tuple = ()) -> list[tuple]:
+    """The paths (field names and indices) where two unstructured plans differ."""
+    if isinstance(original, dict) and isinstance(flipped, dict):
+        keys = original.keys() | flipped.keys()
+        return [p for k in keys for p in changed_fields(original.get(k), flipped.get(k), (*path, k))]
+    if isinstance(original, (list, tuple)) and isinstance(flipped, (list, tuple)) and len(original) == len(flipped):
+        return [p for k, (a, b) in enumerate(zip(original, flipped)) for p in changed_fields(a, b, (*path, k))]
+    if isinstance(original, np.ndarray) and isinstance(flipped, np.ndarray):
+        same = original.shape == flipped.shape and original.dtype == flipped.dtype and np.array_equal(original, flipped)
+        return [] if same else [path]
+    if isinstance(original, float) and isinstance(flipped, float) and math.isnan(original) and math.isnan(flipped):
+        return []
+    return [] if type(original) is type(flipped) and original == flipped else [path]
+
+
+def _named_fields(path: tuple) -> tuple:
+    return tuple(p for p in path if isinstance(p, str))
+
+
+def load(data: bytes) -> af.Plan | str:
+    """The plan, or which check refused it."""
+    try:
+        return af.Plan.from_bytes(data)
+    except af.PlanSerializationError as e:
+        return f"rejected at load: {rejection(e)}"
+
+
+async def run_bounded(plan: af.Plan) -> dict[str, np.ndarray] | BaseException:
+    """The plan's outputs for FEEDS, or what it raised; a run that outlasts DEADLINE is
+    cancelled (trio.TooSlowError)."""
+    try:
+        with trio.fail_after(DEADLINE):
+            async with af.Runtime(plan, stall_timeout=STALL_TIMEOUT) as rt:
+                return await rt.run(FEEDS)
+    except Exception as e:
+        return e
+
+
+def outcome(original: af.Plan, want: dict[str, np.ndarray], plan: af.Plan, got: Any) -> str:
+    """How a loaded flipped plan ran: to the original's result, to another result because a
+    value changed, or to one of actorflow's errors that says the run can't be (a feed
+    that no longer fits, a world of more ranks than were launched); anything else
+    (another exception, another result where no value changed, a stall or a hang) is a
+    failure of the checks."""
+    if isinstance(got, trio.TooSlowError):
+        return "FAILED: hung"
+    if isinstance(got, af.StallError):
+        return "FAILED: stalled"
+    if isinstance(got, af.ActorflowError):
+        return f"ran to {type(got).__name__}"
+    if isinstance(got, BaseException):
+        return f"FAILED: {type(got).__name__}: {got}"
+    if _results(plan, got) == _results(original, want):
+        return "ran equal"
+    paths = changed_fields(_unstructure(original), _unstructure(plan))
+    if paths and all(_named_fields(p)[:2] in VALUE_FIELDS for p in paths):
+        return "ran different: a value changed"
+    return f"FAILED: different result, changed {paths}"
+
+
+def fuzz(original: af.Plan, flipped: Iterator[bytes], concurrent: int = 8) -> collections.Counter:
+    """Load every flipped form of ``original``; run those that load, ``concurrent`` at a time."""
+    want = af.run(original, FEEDS)
+    counts: collections.Counter = collections.Counter()
+    loaded = []
+    for data in flipped:
+        plan = load(data)
+        if isinstance(plan, str):
+            counts[plan] += 1
+        else:
+            loaded.append(plan)
+
+    async def main() -> None:
+        limit = trio.CapacityLimiter(concurrent)
+
+        async def one(plan: af.Plan) -> None:
+            async with limit:
+                got = await run_bounded(plan)
+            counts[outcome(original, want, plan, got)] += 1
+
+        async with trio.open_nursery() as nursery:
+            for plan in loaded:
+                nursery.start_soon(one, plan)
+
+    trio.run(main)
+    return counts
+
+
+def _results(plan: af.Plan, outputs: dict[str, np.ndarray]) -> list[tuple]:
+    """The outputs in plan order, by value: a flip that renames an output changes no result."""
+    arrays = [np.asarray(outputs[o.name]) for o in plan.outputs]
+    return [(a.shape, a.dtype.str, a.tobytes()) for a in arrays]
+
+
+def _unstructure(plan: af.Plan) -> Any:
+    return _converter.unstructure(plan)
+
+
+def fuzz_sealed(plan: af.Plan) -> collections.Counter:
+    return fuzz(plan, flips(plan.to_bytes()))
+
+
+def fuzz_payload(plan: af.Plan) -> collections.Counter:
+    return fuzz(plan, (_seal(data) for data in flips(_unseal(plan.to_bytes()))))
+
+
+def table(counts: collections.Counter) -> str:
+    width = max(map(len, counts), default=0)
+    return "\n".join(f"  {name:<{width}}  {n:>6}" for name, n in sorted(counts.items()))
+
+
+if __name__ == "__main__":
+    plan = small_plan()
+    sealed = plan.to_bytes()
+    print(f"sealed plan: {len(sealed)} bytes, {len(sealed) * 8} single-bit flips")
+    print(table(fuzz_sealed(plan)))
+    payload = _unseal(sealed)
+    print(f"payload re-sealed after each flip: {len(payload)} bytes, {len(payload) * 8} flips")
+    print(table(fuzz_payload(plan)))
