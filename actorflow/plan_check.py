@@ -217,8 +217,8 @@ def _check_consumers(plan: Plan) -> None:
     """Each consumer of a register reads it at the slot it names, each input of a produced
     register is among its consumers, and both sides are on one rank (a send and a receive
     carry what crosses ranks)."""
+    listed: set[tuple[int, int, int]] = set()
     for r in plan.registers:
-        seen = set()
         for c in r.consumers:
             if not 0 <= c.actor < len(plan.actors):
                 raise CompileError(f"register {r.name!r}: consumer actor {c.actor} does not exist")
@@ -227,15 +227,15 @@ def _check_consumers(plan: Plan) -> None:
                 raise CompileError(
                     f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot}, which reads something else"
                 )
-            if (c.actor, c.slot) in seen:
+            if (r.id, c.actor, c.slot) in listed:
                 raise CompileError(f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot} twice")
-            seen.add((c.actor, c.slot))
+            listed.add((r.id, c.actor, c.slot))
             if not r.is_parameter and plan.rank_of(consumer.device) != plan.rank_of(r.device):
                 raise CompileError(f"register {r.name!r} on {r.device!r} is read by {consumer.name!r} on another rank")
     for a in plan.actors:
         for k, i in enumerate(a.inputs):
             reg = plan.registers[i.register]
-            if not reg.is_parameter and not any(c.actor == a.id and c.slot == k for c in reg.consumers):
+            if not reg.is_parameter and (reg.id, a.id, k) not in listed:
                 raise CompileError(f"actor {a.name!r} reads register {reg.name!r} (input {k}), which does not list it")
 
 
@@ -321,15 +321,16 @@ def _check_ends(plan: Plan) -> None:
     fits, once (an output once per rank: every rank gets every output); each feed and
     fetch actor has its feed or output."""
     for kind, ends, actor_kind in (("feed", plan.feeds, "feed"), ("output", plan.outputs, "fetch")):
-        named: dict[tuple[str, int], int] = {}
+        named, actors = set(), set()
         for e in ends:
             if not 0 <= e.actor < len(plan.actors) or plan.actors[e.actor].kind != actor_kind:
                 raise CompileError(f"{kind} {e.name!r} names actor {e.actor}, which is not a {actor_kind} actor")
             key = (e.name, plan.rank_of(plan.actors[e.actor].device))
-            if key in named or e.actor in named.values():
+            if key in named or e.actor in actors:
                 raise CompileError(f"{kind} {e.name!r} (actor {plan.actors[e.actor].name!r}) appears twice on a rank")
-            named[key] = e.actor
-        unnamed = [a.name for a in plan.actors if a.kind == actor_kind and a.id not in named.values()]
+            named.add(key)
+            actors.add(e.actor)
+        unnamed = [a.name for a in plan.actors if a.kind == actor_kind and a.id not in actors]
         if unnamed:
             raise CompileError(f"{actor_kind} actors {unnamed} have no {kind}")
     for f in plan.feeds:
