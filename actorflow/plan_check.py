@@ -168,6 +168,7 @@ def _check_actors(plan: Plan) -> None:
                 raise CompileError(f"actor {a.name!r}: output {k} is register {o}, which it does not produce")
         if len(set(a.outputs)) != len(a.outputs):
             raise CompileError(f"actor {a.name!r} lists an output twice: {list(a.outputs)}")
+    for a in plan.actors:  # once every actor's stream is known to exist
         for k, i in enumerate(a.inputs):
             _check_input(plan, a, k, i)
         _check_attrs(a, signatures)

@@ -103,18 +103,18 @@ def load(data: bytes) -> af.Plan | str:
         return f"rejected at load: {rejection(e)}"
 
 
-async def run_bounded(plan: af.Plan) -> dict[str, np.ndarray] | BaseException:
-    """The plan's outputs for FEEDS, or what it raised; a run that outlasts DEADLINE is
+async def run_bounded(plan: af.Plan, feeds: Any) -> Any:
+    """The plan's outputs for ``feeds``, or what it raised; a run that outlasts DEADLINE is
     cancelled (trio.TooSlowError)."""
     try:
         with trio.fail_after(DEADLINE):
             async with af.Runtime(plan, stall_timeout=STALL_TIMEOUT) as rt:
-                return await rt.run(FEEDS)
+                return await rt.run(feeds)
     except Exception as e:
         return e
 
 
-def outcome(original: af.Plan, want: dict[str, np.ndarray], plan: af.Plan, got: Any) -> str:
+def outcome(original: af.Plan, want: Any, plan: af.Plan, got: Any) -> str:
     """How a loaded flipped plan ran: to the original's result, to another result because a
     value changed, or to one of actorflow's errors that says the run can't be (a feed
     that no longer fits, a world of more ranks than were launched); anything else
@@ -136,9 +136,10 @@ def outcome(original: af.Plan, want: dict[str, np.ndarray], plan: af.Plan, got: 
     return f"FAILED: different result, changed {paths}"
 
 
-def fuzz(original: af.Plan, flipped: Iterator[bytes], concurrent: int = 8) -> collections.Counter:
-    """Load every flipped form of ``original``; run those that load, ``concurrent`` at a time."""
-    want = af.run(original, FEEDS)
+def fuzz(original: af.Plan, flipped: Iterator[bytes], feeds: Any, concurrent: int = 8) -> collections.Counter:
+    """Load every flipped form of ``original``; run those that load on ``feeds``,
+    ``concurrent`` at a time."""
+    want = af.run(original, feeds)
     counts: collections.Counter = collections.Counter()
     loaded = []
     for data in flipped:
@@ -153,7 +154,7 @@ def fuzz(original: af.Plan, flipped: Iterator[bytes], concurrent: int = 8) -> co
 
         async def one(plan: af.Plan) -> None:
             async with limit:
-                got = await run_bounded(plan)
+                got = await run_bounded(plan, feeds)
             counts[outcome(original, want, plan, got)] += 1
 
         async with trio.open_nursery() as nursery:
@@ -164,22 +165,27 @@ def fuzz(original: af.Plan, flipped: Iterator[bytes], concurrent: int = 8) -> co
     return counts
 
 
-def _results(plan: af.Plan, outputs: dict[str, np.ndarray]) -> list[tuple]:
-    """The outputs in plan order, by value: a flip that renames an output changes no result."""
-    arrays = [np.asarray(outputs[o.name]) for o in plan.outputs]
+def _results(plan: af.Plan, outputs: Any) -> list[tuple]:
+    """The outputs (of each iteration) in plan order, by value: a flip that renames an
+    output changes no result."""
+    arrays = [np.asarray(out[o.name]) for out in _listed(outputs) for o in plan.outputs]
     return [(a.shape, a.dtype.str, a.tobytes()) for a in arrays]
+
+
+def _listed(outputs: Any) -> list[dict[str, np.ndarray]]:
+    return outputs if isinstance(outputs, list) else [outputs]
 
 
 def _unstructure(plan: af.Plan) -> Any:
     return _converter.unstructure(plan)
 
 
-def fuzz_sealed(plan: af.Plan) -> collections.Counter:
-    return fuzz(plan, flips(plan.to_bytes()))
+def fuzz_sealed(plan: af.Plan, feeds: Any = FEEDS) -> collections.Counter:
+    return fuzz(plan, flips(plan.to_bytes()), feeds)
 
 
-def fuzz_payload(plan: af.Plan) -> collections.Counter:
-    return fuzz(plan, (_seal(data) for data in flips(_unseal(plan.to_bytes()))))
+def fuzz_payload(plan: af.Plan, feeds: Any = FEEDS) -> collections.Counter:
+    return fuzz(plan, (_seal(data) for data in flips(_unseal(plan.to_bytes()))), feeds)
 
 
 def table(counts: collections.Counter) -> str:
