@@ -348,14 +348,23 @@ def _check_ends(plan: Plan) -> None:
             raise CompileError(f"parameter {p.name!r} (register {reg.name!r}) appears twice")
         names.add(p.name)
         named_registers[p.register] = p.name
+        if not (reg.is_parameter or plan.actors[reg.producer].kind == "variable") or reg.quota != 1:
+            raise CompileError(
+                f"parameter {p.name!r} names register {reg.name!r}, which is not a parameter's or a "
+                "variable's one buffer"
+            )
         if p.value.shape != reg.shape or p.value.dtype != np.dtype(reg.dtype):
             raise CompileError(
                 f"parameter {p.name!r} is {p.value.dtype}{list(p.value.shape)} but its register {reg.name!r} "
                 f"is {reg.dtype}{list(reg.shape)}"
             )
-    unvalued = [r.name for r in plan.registers if r.is_parameter and r.id not in named_registers]
+    unvalued = [
+        r.name
+        for r in plan.registers
+        if (r.is_parameter or plan.actors[r.producer].kind == "variable") and r.id not in named_registers
+    ]
     if unvalued:
-        raise CompileError(f"parameter registers {unvalued} have no value")
+        raise CompileError(f"parameter and variable registers {unvalued} have no initial value")
 
 
 def _check_logical(plan: Plan) -> None:

@@ -374,3 +374,11 @@ def test_summary_lists_collectives_in_plan_order():
         af.output("y", b[0])
     text = af.compile(g).summary()
     assert text.index("0. first") < text.index("1. second")
+
+
+def test_a_parameter_naming_a_register_of_several_buffers_is_refused(plan):
+    def repoint(data):
+        data["parameters"][0]["register"] = named(data["registers"], "mm")
+
+    message = str(load_error(edited(plan, repoint)))
+    assert "parameter 'w' names register 'mm', which is not a parameter's or a variable's one buffer" in message
