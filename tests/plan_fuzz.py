@@ -6,7 +6,8 @@ so the schema and ``plan_check.validate`` meet every flip. A flipped plan that l
 run, bounded by a short stall timeout and a deadline, and its outcome classified by what
 the flip changed (see ``outcome``).
 
-``python tests/plan_fuzz.py`` prints the counts.
+``python tests/plan_fuzz.py`` prints the counts, for this plan and for a pipeline training
+plan (several minutes).
 """
 
 from __future__ import annotations
@@ -47,6 +48,29 @@ def small_plan() -> af.Plan:
 
 
 FEEDS = {"x": (np.arange(6, dtype=np.float32).reshape(2, 3) - 2)}
+
+
+def training_plan(ranks: int = 1) -> af.Plan:
+    """Two pipeline stages, two micro-batches a step (GPipe), SGD with momentum: variables,
+    updates, control registers, repeat and accumulate actors, rates; over ``ranks``
+    processes, sends and receives."""
+    rng = np.random.default_rng(0)
+    with af.Graph() as g:
+        x = af.placeholder("x", (4, 3), "float64", "cpu:0")
+        labels = af.placeholder("l", (4,), "int64", "cpu:1")
+        w1 = af.parameter("w1", rng.standard_normal((3, 4)), "cpu:0")
+        w2 = af.parameter("w2", rng.standard_normal((4, 2)), "cpu:1")
+        h = af.ops.to_device(af.ops.relu(af.ops.matmul(x, w1, name="m1"), name="r"), "cpu:1", name="c")
+        loss = af.ops.softmax_cross_entropy(af.ops.matmul(h, w2, name="m2"), labels, name="ce")
+        af.minimize(loss, af.optim.SGD(lr=0.1, momentum=0.9))
+        af.output("loss", loss)
+    plan = af.compile(g, micro_batches=2, stages=["cpu:0", "cpu:1"], schedule="gpipe", ranks=ranks)
+    return attrs.evolve(plan, actors=tuple(attrs.evolve(a, where="") for a in plan.actors))
+
+
+def training_feeds(steps: int = 2) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [{"x": rng.standard_normal((4, 3)), "l": rng.integers(0, 2, 4)} for _ in range(2 * steps)]
 
 
 def flips(data: bytes) -> Iterator[bytes]:
@@ -193,11 +217,30 @@ def table(counts: collections.Counter) -> str:
     return "\n".join(f"  {name:<{width}}  {n:>6}" for name, n in sorted(counts.items()))
 
 
-if __name__ == "__main__":
+def load_counts(plan: af.Plan) -> collections.Counter:
+    """Load every re-sealed flip of ``plan``'s payload without running it (a plan over
+    ranks runs only under a launcher): each is refused or loads, never anything else."""
+    loaded = (load(_seal(data)) for data in flips(_unseal(plan.to_bytes())))
+    return collections.Counter(p if isinstance(p, str) else "loaded (not run)" for p in loaded)
+
+
+def main() -> None:
     plan = small_plan()
     sealed = plan.to_bytes()
-    print(f"sealed plan: {len(sealed)} bytes, {len(sealed) * 8} single-bit flips")
-    print(table(fuzz_sealed(plan)))
     payload = _unseal(sealed)
-    print(f"payload re-sealed after each flip: {len(payload)} bytes, {len(payload) * 8} flips")
+    print(f"small plan ({len(plan.actors)} actors), sealed: {len(sealed)} bytes, {len(sealed) * 8} flips")
+    print(table(fuzz_sealed(plan)))
+    print(f"small plan, payload re-sealed after each flip: {len(payload) * 8} flips")
     print(table(fuzz_payload(plan)))
+    plan = training_plan()
+    payload = _unseal(plan.to_bytes())
+    print(f"pipeline training plan ({len(plan.actors)} actors, 2 steps), payload re-sealed: {len(payload) * 8} flips")
+    print(table(fuzz_payload(plan, training_feeds())))
+    plan = training_plan(ranks=2)
+    payload = _unseal(plan.to_bytes())
+    print(f"the same over 2 ranks ({len(plan.actors)} actors), payload re-sealed, loaded only: {len(payload) * 8} flips")
+    print(table(load_counts(plan)))
+
+
+if __name__ == "__main__":
+    main()
