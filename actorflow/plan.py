@@ -317,7 +317,12 @@ def _unseal(data: bytes) -> bytes:
         sealed = msgpack.unpackb(data)
     except Exception as e:
         raise PlanSerializationError(f"not a serialized Plan: {type(e).__name__}: {e}") from e
-    if not isinstance(sealed, dict) or sealed.get("format") != FORMAT_VERSION or set(sealed) != {"format", "blake2b", "plan"}:
+    if isinstance(sealed, dict) and isinstance(sealed.get("format"), int) and sealed["format"] != FORMAT_VERSION:
+        raise PlanSerializationError(
+            f"a serialized Plan of format {sealed['format']}; this actorflow reads format {FORMAT_VERSION} "
+            "(compile the plan again)"
+        )
+    if not isinstance(sealed, dict) or set(sealed) != {"format", "blake2b", "plan"}:
         raise PlanSerializationError(f"not a serialized Plan of format {FORMAT_VERSION}")
     payload = sealed["plan"]
     if not isinstance(payload, bytes) or sealed["blake2b"] != _digest(payload):

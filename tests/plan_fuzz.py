@@ -139,23 +139,28 @@ async def run_bounded(plan: af.Plan, feeds: Any) -> Any:
 
 
 def outcome(original: af.Plan, want: Any, plan: af.Plan, got: Any) -> str:
-    """How a loaded flipped plan ran: to the original's result, to another result because a
-    value changed, or to one of actorflow's errors that says the run can't be (a feed
-    that no longer fits, a world of more ranks than were launched); anything else
-    (another exception, another result where no value changed, a stall or a hang) is a
-    failure of the checks."""
+    """How a loaded flipped plan ran: to the original's result; to another result because a
+    value changed; to one of actorflow's errors that says the run can't be (a feed that no
+    longer fits, a world of more ranks than were launched); or, where an op's attribute
+    changed, to its kernel's error with the runtime's note naming the actor (a plan can't
+    know what attributes fit its kernels' inputs). Anything else (another exception,
+    another result where no value changed, a stall or a hang) is a failure of the checks."""
     if isinstance(got, trio.TooSlowError):
         return "FAILED: hung"
     if isinstance(got, af.StallError):
         return "FAILED: stalled"
     if isinstance(got, af.ActorflowError):
         return f"ran to {type(got).__name__}"
-    if isinstance(got, BaseException):
-        return f"FAILED: {type(got).__name__}: {got}"
-    if _results(plan, got) == _results(original, want):
+    if not isinstance(got, BaseException) and _results(plan, got) == _results(original, want):
         return "ran equal"
     paths = changed_fields(_unstructure(original), _unstructure(plan))
-    if paths and all(_named_fields(p)[:2] in VALUE_FIELDS for p in paths):
+    value_changed = bool(paths) and all(_named_fields(p)[:2] in VALUE_FIELDS for p in paths)
+    if isinstance(got, BaseException):
+        named = any(note.startswith("actorflow: raised by actor") for note in getattr(got, "__notes__", ()))
+        if value_changed and named:  # e.g. a matmul told to transpose what doesn't fit
+            return "ran to a kernel's error naming its actor: an attribute changed"
+        return f"FAILED: {type(got).__name__}: {got}"
+    if value_changed:
         return "ran different: a value changed"
     return f"FAILED: different result, changed {paths}"
 
