@@ -1,7 +1,9 @@
 """The Plan: everything the compiler decided, as frozen data the runtime executes.
 
 The compiler and the runtime share nothing but these classes. A Plan round-trips through
-msgpack: kernels and user functions travel as import paths, arrays as raw bytes.
+msgpack: kernels and user functions travel as import paths, arrays as raw bytes, the
+whole sealed with a digest; what is read back is checked (digest, schema,
+``plan_check.validate``) before anyone can run it.
 """
 
 from __future__ import annotations
