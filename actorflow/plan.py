@@ -385,7 +385,7 @@ def _strict_tuple(target: Any, converter: cattrs.Converter) -> Callable[[Any, An
         for k, v in enumerate(value):
             try:
                 items.append(hook(v, element))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - collected, raised together below
                 e.__notes__ = [*getattr(e, "__notes__", []), IterableValidationNote(f"@ index {k}", k, element)]
                 errors.append(e)
         if errors:

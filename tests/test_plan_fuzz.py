@@ -5,9 +5,8 @@ prints the counts)."""
 
 from __future__ import annotations
 
-import pytest
-
 import plan_fuzz
+import pytest
 
 # flipped parameter values may overflow in the kernels: a result, not a failure
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
