@@ -28,3 +28,30 @@ def topological_order(edges: Edges) -> list[int]:
     if len(order) != len(indegree):
         raise ValueError("the graph has a cycle")
     return order
+
+
+def find_cycle(edges: Edges) -> list[int] | None:
+    """One cycle as a list of nodes (first == last), or None."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(edges, WHITE)
+    for root in edges:
+        if color[root] != WHITE:
+            continue
+        stack = [(root, iter(edges[root]))]
+        path = [root]
+        color[root] = GREY
+        while stack:
+            node, children = stack[-1]
+            for child in children:
+                if color.get(child, WHITE) == GREY:
+                    return path[path.index(child) :] + [child]
+                if color.get(child, WHITE) == WHITE:
+                    color[child] = GREY
+                    path.append(child)
+                    stack.append((child, iter(edges.get(child, ()))))
+                    break
+            else:
+                color[node] = BLACK
+                path.pop()
+                stack.pop()
+    return None

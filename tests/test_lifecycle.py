@@ -1,6 +1,7 @@
 """A Runtime's life: entered once, runs only while open, unusable after a cancelled run,
 shares the process's BLAS limit, and hands back the caller's own exceptions."""
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -113,3 +114,29 @@ def test_urgent_news_does_not_wait_behind_a_long_kernel():
     # trace iterations count across the session: this run's are 2 and 3. The second feed
     # needs the first feed's buffer back (quota 1), freed when "short" ends.
     assert spans[("x", 3)].start < spans[("long", 2)].end
+
+
+async def test_a_crash_in_the_runtimes_own_tasks_is_raised_as_itself_not_as_a_cancellation():
+    """A plan edited in memory (nothing checks it, unlike one read by from_bytes) whose
+    parameter names a register of two buffers: the runtime allocates it one, and a driver
+    fails with IndexError. That error comes out of ``async with``, and the caller's other
+    tasks go on: a Cancelled leaking out would cancel the caller's own scope instead."""
+    with af.Graph() as g:
+        x = af.placeholder("x", (2,), "float64")
+        af.output("y", af.ops.add(x, af.parameter("w", np.ones(2)), name="sum"))
+    plan = af.compile(g)
+    added = next(r.id for r in plan.registers if r.name == "sum")
+    bad = attrs.evolve(plan, parameters=(attrs.evolve(plan.parameters[0], register=added),))
+    sibling_done = trio.Event()
+
+    async def sibling():
+        await trio.sleep(0.2)
+        sibling_done.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sibling)
+            with pytest.raises(IndexError):
+                async with af.Runtime(bad) as rt:
+                    await rt.run([{"x": np.zeros(2)} for _ in range(4)])
+        assert sibling_done.is_set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 import actorflow as af
+from actorflow.plan import _converter, _encode, _seal, _unseal
+
 import userfns
 
 
@@ -189,25 +192,190 @@ def test_truncated_plan_is_a_plan_serialization_error(plan):
             af.Plan.from_bytes(data[:cut])
 
 
-def test_plan_naming_a_missing_function_is_a_plan_serialization_error(plan):
-    data = plan.to_bytes().replace(b"userfns:double", b"userfns:nosuch")
-    with pytest.raises(af.PlanSerializationError, match="userfns:nosuch"):
+def resealed(payload: bytes) -> bytes:
+    """Bytes whose digest matches a payload edited after to_bytes: what reaches the checks
+    behind the digest."""
+    return _seal(payload)
+
+
+def edited(plan: af.Plan, edit) -> bytes:
+    """``plan`` serialized after ``edit`` changed its unstructured form, sealed afresh."""
+    data = _converter.unstructure(plan)
+    edit(data)
+    return resealed(msgpack.packb(data, default=_encode))
+
+
+def load_error(data: bytes) -> af.PlanSerializationError:
+    with pytest.raises(af.PlanSerializationError) as info:
         af.Plan.from_bytes(data)
+    return info.value
+
+
+def named(items, name: str) -> int:
+    return next(k for k, x in enumerate(items) if x["name"] == name)
+
+
+def test_plan_naming_a_missing_function_is_a_plan_serialization_error(plan):
+    payload = _unseal(plan.to_bytes()).replace(b"userfns:double", b"userfns:nosuch")
+    assert "userfns:nosuch" in str(load_error(resealed(payload)))
+
+
+def test_any_changed_byte_is_refused_by_the_digest(plan):
+    data = bytearray(plan.to_bytes())
+    for k in (len(data) // 3, len(data) // 2, len(data) - 20):
+        changed = bytes(data[:k]) + bytes([data[k] ^ 0x04]) + bytes(data[k + 1 :])
+        assert "digest does not match" in str(load_error(changed))
+
+
+def test_a_plan_of_another_format_is_refused_naming_the_format(plan):
+    payload = _unseal(plan.to_bytes())
+    data = msgpack.packb({"format": 1, "plan": msgpack.unpackb(payload, strict_map_key=False)})
+    assert "a serialized Plan of format 1; this actorflow reads format 2" in str(load_error(data))
 
 
 @pytest.mark.parametrize(
-    "data",
+    "payload",
     [
-        msgpack.packb({"format": 1, "plan": {}}),
-        msgpack.packb({"format": 1}),
-        msgpack.packb({"format": 1, "plan": {"actors": 3, "registers": []}}),
-        msgpack.packb({"format": 1, "plan": {"__function__": 5}}),
+        msgpack.packb({}),
+        msgpack.packb([1, 2]),
+        msgpack.packb({"actors": 3, "registers": []}),
+        msgpack.packb({"__function__": 5}),
+        b"\xc1",
     ],
-    ids=["empty-plan", "no-plan", "wrong-types", "bad-function"],
+    ids=["empty-plan", "list", "wrong-types", "bad-function", "not-msgpack"],
 )
-def test_corrupt_plan_is_a_plan_serialization_error(data):
-    with pytest.raises(af.PlanSerializationError):
-        af.Plan.from_bytes(data)
+def test_corrupt_plan_is_a_plan_serialization_error(payload):
+    load_error(resealed(payload))
+
+
+# -- schema: the fields of every class, their types, nothing more ---------------------------
+
+
+def test_an_unknown_key_is_refused_naming_it(plan):
+    def misspell(data):
+        reg = data["registers"][named(data["registers"], "h")]
+        reg["consulers"] = reg.pop("consumers")
+
+    message = str(load_error(edited(plan, misspell)))
+    assert "Register without ['consumers'] and with unknown keys ['consulers'] @ $plan.registers[4]" in message
+
+
+@pytest.mark.parametrize(("kind", "field"), [("actors", "kernel"), ("registers", "quota"), ("streams", "rank")])
+def test_a_missing_key_is_refused_naming_where_even_with_a_default(plan, kind, field):
+    def drop(data):
+        del data[kind][2][field]
+
+    message = str(load_error(edited(plan, drop)))
+    assert f"without [{field!r}] @ $plan.{kind}[2]" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("quota", "2"), ("quota", 2.0), ("quota", True), ("shape", "ab"), ("shape", b"ab"), ("name", 7), ("control", 1)],
+)
+def test_a_value_of_the_wrong_type_is_refused_naming_where(plan, field, value):
+    def retype(data):
+        data["registers"][1][field] = value
+
+    message = str(load_error(edited(plan, retype)))
+    assert f"$plan.registers[1].{field}" in message
+
+
+def test_a_function_field_that_is_not_a_function_is_refused(plan):
+    def unfunction(data):
+        data["actors"][0]["kernel"] = {"__funktion__": "actorflow.ops.kernels:copy"}
+
+    assert "$plan.actors[0].kernel" in str(load_error(edited(plan, unfunction)))
+
+
+# -- consistency: ids, consumers, streams, events, ends, ranks, deadlock ------------------------
+
+
+def test_a_consumer_that_does_not_exist_is_refused_naming_the_register(plan):
+    def dangle(data):
+        reg = data["registers"][named(data["registers"], "h")]
+        reg["consumers"] = (*reg["consumers"], {"actor": 99, "slot": 0})
+
+    error = load_error(edited(plan, dangle))
+    assert "register 'h': consumer actor 99 does not exist" in str(error)
+    assert type(error.__cause__) is af.CompileError
+
+
+def test_an_input_its_register_does_not_list_is_refused_naming_both(plan):
+    def forget(data):
+        data["registers"][named(data["registers"], "h")]["consumers"] = ()
+
+    assert "reads register 'h' (input 0), which does not list it" in str(load_error(edited(plan, forget)))
+
+
+def test_an_input_from_another_stream_without_an_event_is_refused_naming_the_stream(plan):
+    def unsync(data):
+        mm = data["actors"][named(data["actors"], "mm")]
+        mm["inputs"] = ({**mm["inputs"][0], "sync": "stream"}, *mm["inputs"][1:])
+
+    message = str(load_error(edited(plan, unsync)))
+    assert "actor 'mm': input 0" in message and "'cpu:0/copy'" in message
+
+
+def test_an_actor_on_another_devices_stream_is_refused(plan):
+    def move(data):
+        streams = data["streams"]
+        data["actors"][named(data["actors"], "mm")]["stream"] = named(streams, "cpu:1/compute")
+
+    message = str(load_error(edited(plan, move)))
+    assert "actor 'mm'" in message and "cpu:1/compute" in message
+
+
+def test_a_register_whose_shape_changed_after_planning_is_refused(plan):
+    def reshape(data):
+        data["registers"][named(data["registers"], "mm")]["shape"] = (4, 4)
+
+    assert "planned memory does not match" in str(load_error(edited(plan, reshape)))
+
+
+def test_a_feed_that_disagrees_with_its_register_is_refused(plan):
+    def reshape(data):
+        data["feeds"][0]["shape"] = (4, 9)
+
+    assert "feed 'x' is float32[4, 9]" in str(load_error(edited(plan, reshape)))
+
+
+def test_an_attribute_the_kernel_does_not_take_is_refused_naming_the_actor(plan):
+    def misspell(data):
+        rsum = data["actors"][named(data["actors"], "rsum")]
+        rsum["attrs"] = {("keepdimz" if k == "keepdims" else k): v for k, v in rsum["attrs"].items()}
+
+    message = str(load_error(edited(plan, misspell)))
+    assert "actor 'rsum'" in message and "keepdimz" in message
+
+
+def test_a_collective_order_that_can_deadlock_is_refused_naming_the_cycle(plan):
+    def reverse(data):
+        data["collectives"] = data["collectives"][::-1]
+
+    error = load_error(edited(plan, reverse))
+    assert "wait-for cycle" in str(error) and "collective order" in str(error)
+    assert type(error.__cause__) is af.DeadlockError
+
+
+def test_a_plan_over_ranks_round_trips_and_its_sends_are_checked(plan):
+    over_ranks = af.compile(build_graph(), ranks=2)
+    assert af.Plan.from_bytes(over_ranks.to_bytes()) == over_ranks
+    sends = [a.name for a in over_ranks.actors if a.kind == "send"]
+    assert sends
+
+    def retag(data):
+        send = data["actors"][named(data["actors"], sends[0])]
+        send["attrs"] = {**send["attrs"], "tag": 999}
+
+    message = str(load_error(edited(over_ranks, retag)))
+    assert re.search(r"(send|recv) actor '[^']+' \(tag \d+\) has no (recv|send) actor", message)
+
+    def misdirect(data):
+        send = data["actors"][named(data["actors"], sends[0])]
+        send["attrs"] = {**send["attrs"], "peer": 0}
+
+    assert f"send actor {sends[0]!r} names rank 0" in str(load_error(edited(over_ranks, misdirect)))
 
 
 # -- summary --------------------------------------------------------------------------------
@@ -247,3 +415,11 @@ def test_summary_lists_collectives_in_plan_order():
         af.output("y", b[0])
     text = af.compile(g).summary()
     assert text.index("0. first") < text.index("1. second")
+
+
+def test_a_parameter_naming_a_register_of_several_buffers_is_refused(plan):
+    def repoint(data):
+        data["parameters"][0]["register"] = named(data["registers"], "mm")
+
+    message = str(load_error(edited(plan, repoint)))
+    assert "parameter 'w' names register 'mm', which is not a parameter's or a variable's one buffer" in message

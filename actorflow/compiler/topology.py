@@ -5,28 +5,7 @@ from __future__ import annotations
 
 from ..dag import Edges, topological_order
 from ..plan import Plan
-
-
-def unit_of(plan: Plan) -> dict[int, int]:
-    """Actor id -> unit id: the first participant's id for collectives, else the actor's own."""
-    unit = {a.id: a.id for a in plan.actors}
-    for coll in plan.collectives:
-        for a in coll.actors:
-            unit[a] = coll.actors[0]
-    return unit
-
-
-def data_edges(plan: Plan) -> dict[int, set[int]]:
-    """Producer unit -> consumer units, over non-parameter registers."""
-    unit = unit_of(plan)
-    edges: dict[int, set[int]] = {u: set() for u in unit.values()}
-    for reg in plan.registers:
-        if reg.is_parameter:
-            continue
-        for c in reg.consumers:
-            if unit[c.actor] != unit[reg.producer]:
-                edges[unit[reg.producer]].add(unit[c.actor])
-    return edges
+from ..plan_check import data_edges, unit_of
 
 
 def positions(plan: Plan) -> dict[int, int]:
@@ -64,30 +43,3 @@ def descendants(edges: Edges) -> dict[int, int]:
             bits |= (1 << v) | reach[v]
         reach[u] = bits
     return reach
-
-
-def find_cycle(edges: Edges) -> list[int] | None:
-    """One cycle as a list of nodes (first == last), or None."""
-    WHITE, GREY, BLACK = 0, 1, 2
-    color = dict.fromkeys(edges, WHITE)
-    for root in edges:
-        if color[root] != WHITE:
-            continue
-        stack = [(root, iter(edges[root]))]
-        path = [root]
-        color[root] = GREY
-        while stack:
-            node, children = stack[-1]
-            for child in children:
-                if color.get(child, WHITE) == GREY:
-                    return path[path.index(child) :] + [child]
-                if color.get(child, WHITE) == WHITE:
-                    color[child] = GREY
-                    path.append(child)
-                    stack.append((child, iter(edges.get(child, ()))))
-                    break
-            else:
-                color[node] = BLACK
-                path.pop()
-                stack.pop()
-    return None

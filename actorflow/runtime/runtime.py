@@ -142,7 +142,13 @@ class Runtime:
         try:
             return bool(await self._stack.__aexit__(*exc_info))
         except BaseExceptionGroup as group:
-            error = exc_info[1] or self._error or _only_error(group)
+            body = exc_info[1]
+            if body is None or isinstance(body, trio.Cancelled):
+                # the body was cancelled from outside, or because a task of the runtime's
+                # own crashed: then that crash is the error, not a Cancelled leaking out
+                crashed = [e for e in _leaves(group) if not isinstance(e, trio.Cancelled)]
+                body = crashed[0] if crashed else body
+            error = body or self._error or _only_error(group)
             raise error from error.__cause__
 
     # -- wiring ------------------------------------------------------------------
@@ -643,14 +649,12 @@ def _digest(plan: Plan) -> bytes:
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:
     """The one real error inside a (nested) group; a group of several is kept as it is."""
-    leaves = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for e in exc.exceptions:
-                walk(e)
-        else:
-            leaves.append(exc)
-
-    walk(group)
+    leaves = _leaves(group)
     return leaves[0] if len(leaves) == 1 else group
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside a (nested) group, in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in _leaves(e)]
+    return [exc]

@@ -1,0 +1,420 @@
+"""validate(plan): is a Plan whole, consistent and free of deadlock?
+
+The compiler runs it as its last pass (``compiler.check``) and ``Plan.from_bytes`` on every
+plan it reads, so a plan that loads is one the runtime can wire and run: every id points
+at something that exists, every register's consumers read it, the streams, events and
+ranks agree, each send has its receive, and no wait-for cycle can hang a run. The first
+problem found is raised, naming the actor, register, stream or collective concerned.
+
+It reads a plan only through its attributes, so it sits below ``plan.py``, which imports it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .dag import find_cycle
+from .errors import CompileError, DeadlockError
+
+if TYPE_CHECKING:
+    from .plan import Actor, Plan
+
+ACTOR_KINDS = ("compute", "copy", "collective", "feed", "fetch", "variable", "update", "send", "recv")
+SYNCS = ("stream", "event", "implied", "completion")
+STREAM_KINDS = ("compute", "copy", "collective", "comm")
+LOGICAL_KINDS = ("feed", "output", "parameter")
+
+
+def validate(plan: Plan) -> None:
+    """Raise a ``DeadlockError`` for a wait-for cycle and a ``CompileError`` for anything
+    else that would make a run fail, hang or go wrong before its kernels do."""
+    _check_header(plan)
+    _check_streams(plan)
+    _check_registers(plan)
+    _check_memory(plan)
+    _check_actors(plan)
+    _check_consumers(plan)
+    _check_transfers(plan)
+    _check_collectives(plan)
+    _check_ends(plan)
+    _check_logical(plan)
+    _check_deadlock(plan)
+
+
+def unit_of(plan: Plan) -> dict[int, int]:
+    """Actor id -> unit id: the first participant's id for collectives, else the actor's own."""
+    unit = {a.id: a.id for a in plan.actors}
+    for coll in plan.collectives:
+        for a in coll.actors:
+            unit[a] = coll.actors[0]
+    return unit
+
+
+def data_edges(plan: Plan) -> dict[int, set[int]]:
+    """Producer unit -> consumer units, over non-parameter registers."""
+    unit = unit_of(plan)
+    edges: dict[int, set[int]] = {u: set() for u in unit.values()}
+    for reg in plan.registers:
+        if reg.is_parameter:
+            continue
+        for c in reg.consumers:
+            if unit[c.actor] != unit[reg.producer]:
+                edges[unit[reg.producer]].add(unit[c.actor])
+    return edges
+
+
+def _check_header(plan: Plan) -> None:
+    for kind, items in (("actor", plan.actors), ("register", plan.registers), ("stream", plan.streams)):
+        for k, item in enumerate(items):
+            if item.id != k:
+                raise CompileError(f"{kind} {item.name!r} has id {item.id} but is number {k}; ids are positions")
+    if plan.micro_batches < 1:
+        raise CompileError(f"micro_batches is {plan.micro_batches}; it must be >= 1")
+    if plan.world < 1:
+        raise CompileError(f"world is {plan.world}; it must be >= 1")
+    for device, rank in plan.ranks.items():
+        if not 0 <= rank < plan.world:
+            raise CompileError(f"device {device!r} is on rank {rank}, outside world {plan.world}")
+    devices = {x.device for x in (*plan.actors, *plan.registers) if not x.device.startswith("rank")}
+    if plan.ranks and not devices <= plan.ranks.keys():
+        raise CompileError(f"ranks place devices {sorted(plan.ranks)}, not {sorted(devices - plan.ranks.keys())}")
+    if plan.link is not None:
+        bandwidth, latency = plan.link
+        if not (math.isfinite(bandwidth) and bandwidth > 0 and math.isfinite(latency) and latency >= 0):
+            raise CompileError(f"link {plan.link}: bandwidth must be > 0 and latency >= 0")
+
+
+def _rank_of(plan: Plan, device: str, what: str) -> int:
+    """``plan.rank_of``, refusing a rank's stream device (``rankN``) that names no rank."""
+    if device.startswith("rank") and not (device[4:].isdigit() and int(device[4:]) < plan.world):
+        raise CompileError(f"{what} is on {device!r}, which names no rank of world {plan.world}")
+    return plan.rank_of(device)
+
+
+def _check_streams(plan: Plan) -> None:
+    for s in plan.streams:
+        if s.kind not in STREAM_KINDS:
+            raise CompileError(f"stream {s.name!r} has kind {s.kind!r}, not one of {list(STREAM_KINDS)}")
+        if s.rank != _rank_of(plan, s.device, f"stream {s.name!r}"):
+            raise CompileError(f"stream {s.name!r} is on rank {s.rank} but its device {s.device!r} is not")
+
+
+def _check_registers(plan: Plan) -> None:
+    n = len(plan.actors)
+    for r in plan.registers:
+        if not -1 <= r.producer < n:
+            raise CompileError(f"register {r.name!r} has producer {r.producer}; there are {n} actors")
+        if r.quota < 1:
+            raise CompileError(f"register {r.name!r} has quota {r.quota}; it must be >= 1")
+        if any(d < 0 for d in r.shape):
+            raise CompileError(f"register {r.name!r} has shape {list(r.shape)}")
+        try:
+            dtype = np.dtype(r.dtype)
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.name != r.dtype or dtype.kind not in "biufc":
+            raise CompileError(f"register {r.name!r} has dtype {r.dtype!r}, not a numeric numpy dtype name")
+        if r.control and r.nbytes:
+            raise CompileError(f"control register {r.name!r} is {r.dtype}{list(r.shape)}; it carries no data")
+        _rank_of(plan, r.device, f"register {r.name!r}")
+        if r.producer >= 0:
+            producer = plan.actors[r.producer]
+            if r.id not in producer.outputs:
+                raise CompileError(f"register {r.name!r} names {producer.name!r} as producer, which does not output it")
+            if r.device != producer.device:
+                raise CompileError(
+                    f"register {r.name!r} is on {r.device!r} but its producer {producer.name!r} on {producer.device!r}"
+                )
+
+
+def _check_memory(plan: Plan) -> None:
+    """The planned memory per device is what its registers take (bytes x quota), so a
+    register whose shape, dtype or quota changed after planning is noticed."""
+    needed: dict[str, int] = {}
+    for r in plan.registers:
+        needed[r.device] = needed.get(r.device, 0) + r.nbytes * r.quota
+    if needed != plan.memory:
+        wrong = sorted(d for d in needed.keys() | plan.memory.keys() if needed.get(d) != plan.memory.get(d))
+        raise CompileError(
+            "the planned memory does not match the registers (bytes x quota): "
+            + ", ".join(f"{d}: planned {plan.memory.get(d)}, registers take {needed.get(d)}" for d in wrong)
+        )
+
+
+def _check_actors(plan: Plan) -> None:
+    signatures: dict[int, inspect.Signature | None] = {}
+    for a in plan.actors:
+        if a.kind not in ACTOR_KINDS:
+            raise CompileError(f"actor {a.name!r} has kind {a.kind!r}, not one of {list(ACTOR_KINDS)}")
+        if not 0 <= a.stream < len(plan.streams):
+            raise CompileError(f"actor {a.name!r} has no stream")
+        stream = plan.streams[a.stream]
+        if stream.rank != _rank_of(plan, a.device, f"actor {a.name!r}"):
+            raise CompileError(f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another rank")
+        if stream.kind in ("compute", "copy") and stream.device != a.device:
+            raise CompileError(f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another device")
+        if a.every not in (1, plan.micro_batches):
+            raise CompileError(
+                f"actor {a.name!r} acts every {a.every} micro-batches; a plan of {plan.micro_batches} "
+                "micro-batches a step has actors acting every 1 or every step"
+            )
+        for k, o in enumerate(a.outputs):
+            if not 0 <= o < len(plan.registers) or plan.registers[o].producer != a.id:
+                raise CompileError(f"actor {a.name!r}: output {k} is register {o}, which it does not produce")
+        if len(set(a.outputs)) != len(a.outputs):
+            raise CompileError(f"actor {a.name!r} lists an output twice: {list(a.outputs)}")
+    for a in plan.actors:  # once every actor's stream is known to exist
+        for k, i in enumerate(a.inputs):
+            _check_input(plan, a, k, i)
+        _check_attrs(a, signatures)
+
+
+def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
+    where = f"actor {a.name!r}: input {k}"
+    if not 0 <= i.register < len(plan.registers):
+        raise CompileError(f"{where} reads register {i.register}; there are {len(plan.registers)}")
+    reg = plan.registers[i.register]
+    if i.sync not in SYNCS:
+        raise CompileError(f"{where} ({reg.name!r}) has sync {i.sync!r}, not one of {list(SYNCS)}")
+    if reg.is_parameter:
+        if i.sync != "stream":
+            raise CompileError(f"{where} reads parameter {reg.name!r} with sync {i.sync!r}; a parameter needs none")
+        return
+    producer = plan.actors[reg.producer].stream
+    if i.sync == "stream" and producer != a.stream:
+        raise CompileError(
+            f"{where} reads {reg.name!r} from stream {plan.streams[producer].name!r} with sync 'stream', "
+            "which only the producer's own stream keeps in order"
+        )
+
+
+def _check_attrs(a: Actor, signatures: dict[int, inspect.Signature | None]) -> None:
+    """The kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would fail every act."""
+    kernel = a.kernel
+    if id(kernel) not in signatures:
+        try:
+            signatures[id(kernel)] = inspect.signature(kernel)
+        except (TypeError, ValueError):
+            signatures[id(kernel)] = None
+    signature = signatures[id(kernel)]
+    if signature is None:
+        return
+    try:
+        signature.bind_partial(None, None, **a.attrs)
+    except TypeError as e:
+        raise CompileError(f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {sorted(a.attrs)}: {e}") from None
+
+
+def _name(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+
+
+def _check_consumers(plan: Plan) -> None:
+    """Each consumer of a register reads it at the slot it names, each input of a produced
+    register is among its consumers, and both sides are on one rank (a send and a receive
+    carry what crosses ranks)."""
+    listed: set[tuple[int, int, int]] = set()
+    for r in plan.registers:
+        for c in r.consumers:
+            if not 0 <= c.actor < len(plan.actors):
+                raise CompileError(f"register {r.name!r}: consumer actor {c.actor} does not exist")
+            consumer = plan.actors[c.actor]
+            if not 0 <= c.slot < len(consumer.inputs) or consumer.inputs[c.slot].register != r.id:
+                raise CompileError(
+                    f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot}, which reads something else"
+                )
+            if (r.id, c.actor, c.slot) in listed:
+                raise CompileError(f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot} twice")
+            listed.add((r.id, c.actor, c.slot))
+            if not r.is_parameter and plan.rank_of(consumer.device) != plan.rank_of(r.device):
+                raise CompileError(f"register {r.name!r} on {r.device!r} is read by {consumer.name!r} on another rank")
+    for a in plan.actors:
+        for k, i in enumerate(a.inputs):
+            reg = plan.registers[i.register]
+            if not reg.is_parameter and (reg.id, a.id, k) not in listed:
+                raise CompileError(f"actor {a.name!r} reads register {reg.name!r} (input {k}), which does not list it")
+
+
+def _check_transfers(plan: Plan) -> None:
+    """Each send has one receive with its tag on the rank it names, and the other way
+    round; both carry one shape and dtype."""
+    halves: dict[tuple[str, int], Actor] = {}
+    for a in plan.actors:
+        if a.kind not in ("send", "recv"):
+            continue
+        peer, tag = a.attrs.get("peer"), a.attrs.get("tag")
+        if not _is_int(peer) or not _is_int(tag):
+            raise CompileError(f"{a.kind} actor {a.name!r} needs integer attributes peer and tag, has {a.attrs}")
+        if (a.kind, tag) in halves:
+            raise CompileError(f"{a.kind} actors {halves[(a.kind, tag)].name!r} and {a.name!r} share tag {tag}")
+        halves[(a.kind, tag)] = a
+    other = {"send": "recv", "recv": "send"}
+    for (kind, tag), a in halves.items():
+        peer = halves.get((other[kind], tag))
+        if peer is None:
+            raise CompileError(f"{kind} actor {a.name!r} (tag {tag}) has no {other[kind]} actor")
+        if a.attrs["peer"] != plan.rank_of(peer.device) or plan.rank_of(a.device) == plan.rank_of(peer.device):
+            raise CompileError(
+                f"{kind} actor {a.name!r} names rank {a.attrs['peer']}; its {other[kind]} {peer.name!r} "
+                f"is on rank {plan.rank_of(peer.device)}, it on rank {plan.rank_of(a.device)}"
+            )
+        if kind == "send":
+            sent = [plan.registers[i.register] for i in a.inputs]
+            received = [plan.registers[o] for o in peer.outputs]
+            if [(r.shape, r.dtype) for r in sent] != [(r.shape, r.dtype) for r in received]:
+                raise CompileError(
+                    f"send {a.name!r} sends {_specs(sent)} but receive {peer.name!r} takes {_specs(received)}"
+                )
+
+
+def _specs(registers: Sequence[Any]) -> str:
+    return ", ".join(f"{r.dtype}{list(r.shape)}" for r in registers) or "nothing"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_collectives(plan: Plan) -> None:
+    """Each collective actor takes part in one collective, the one its ``group`` names;
+    a collective's participants act at one rate, on one stream per rank."""
+    owner: dict[int, Any] = {}
+    for coll in plan.collectives:
+        if not coll.actors:
+            raise CompileError(f"collective {coll.name!r} has no participants")
+        for a in coll.actors:
+            if not 0 <= a < len(plan.actors):
+                raise CompileError(f"collective {coll.name!r}: participant {a} does not exist")
+            if a in owner:
+                raise CompileError(f"actor {plan.actors[a].name!r} takes part in {owner[a].name!r} and {coll.name!r}")
+            owner[a] = coll
+        first = plan.actors[coll.actors[0]]
+        for a in (plan.actors[k] for k in coll.actors):
+            if a.every != first.every:
+                raise CompileError(f"collective {coll.name!r}: participants {first.name!r} and {a.name!r} differ in rate")
+        streams = {plan.actors[a].stream for a in coll.actors}
+        if len(streams) != len({plan.streams[s].rank for s in streams}):
+            raise CompileError(f"the participants of {coll.name!r} on one rank are on different streams")
+        if not math.isfinite(coll.seconds) or coll.seconds < 0:
+            raise CompileError(f"collective {coll.name!r} lasts {coll.seconds} s")
+    for a in plan.actors:
+        coll = owner.get(a.id)
+        if (a.kind == "collective") != (coll is not None) or a.group != (coll.id if coll else -1):
+            raise CompileError(
+                f"actor {a.name!r} ({a.kind}, group {a.group}) takes part in "
+                + (f"collective {coll.name!r} (id {coll.id})" if coll else "no collective")
+            )
+    rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
+    if len(rates) > 1:
+        raise CompileError(
+            "the collective stream runs its collectives in one fixed order, so they must all act "
+            f"once per step or all once per micro-batch; {sorted(rates.values())} don't"
+        )
+
+
+def _check_ends(plan: Plan) -> None:
+    """Feeds, outputs and parameters: each names an actor or register that exists and
+    fits, once (an output once per rank: every rank gets every output); each feed and
+    fetch actor has its feed or output."""
+    for kind, ends, actor_kind in (("feed", plan.feeds, "feed"), ("output", plan.outputs, "fetch")):
+        named, actors = set(), set()
+        for e in ends:
+            if not 0 <= e.actor < len(plan.actors) or plan.actors[e.actor].kind != actor_kind:
+                raise CompileError(f"{kind} {e.name!r} names actor {e.actor}, which is not a {actor_kind} actor")
+            key = (e.name, plan.rank_of(plan.actors[e.actor].device))
+            if key in named or e.actor in actors:
+                raise CompileError(f"{kind} {e.name!r} (actor {plan.actors[e.actor].name!r}) appears twice on a rank")
+            named.add(key)
+            actors.add(e.actor)
+        unnamed = [a.name for a in plan.actors if a.kind == actor_kind and a.id not in actors]
+        if unnamed:
+            raise CompileError(f"{actor_kind} actors {unnamed} have no {kind}")
+    for f in plan.feeds:
+        out = [plan.registers[o] for o in plan.actors[f.actor].outputs]
+        if [(r.shape, r.dtype) for r in out] != [(f.shape, f.dtype)]:
+            raise CompileError(f"feed {f.name!r} is {f.dtype}{list(f.shape)} but its actor writes {_specs(out)}")
+    named_registers: dict[int, str] = {}
+    names = set()
+    for p in plan.parameters:
+        if not 0 <= p.register < len(plan.registers):
+            raise CompileError(f"parameter {p.name!r} names register {p.register}, which does not exist")
+        reg = plan.registers[p.register]
+        if p.name in names or p.register in named_registers:
+            raise CompileError(f"parameter {p.name!r} (register {reg.name!r}) appears twice")
+        names.add(p.name)
+        named_registers[p.register] = p.name
+        if not (reg.is_parameter or plan.actors[reg.producer].kind == "variable") or reg.quota != 1:
+            raise CompileError(
+                f"parameter {p.name!r} names register {reg.name!r}, which is not a parameter's or a "
+                "variable's one buffer"
+            )
+        if p.value.shape != reg.shape or p.value.dtype != np.dtype(reg.dtype):
+            raise CompileError(
+                f"parameter {p.name!r} is {p.value.dtype}{list(p.value.shape)} but its register {reg.name!r} "
+                f"is {reg.dtype}{list(reg.shape)}"
+            )
+    unvalued = [
+        r.name
+        for r in plan.registers
+        if (r.is_parameter or plan.actors[r.producer].kind == "variable") and r.id not in named_registers
+    ]
+    if unvalued:
+        raise CompileError(f"parameter and variable registers {unvalued} have no initial value")
+
+
+def _check_logical(plan: Plan) -> None:
+    """A logical tensor's parts fit together (a part this plan lacks is left out: the
+    runtime puts one together only from all its parts)."""
+    shapes = {
+        "feed": {f.name: f.shape for f in plan.feeds},
+        "output": {o.name: _read_shape(plan, plan.actors[o.actor]) for o in plan.outputs},
+        "parameter": {p.name: p.value.shape for p in plan.parameters},
+    }
+    seen = set()
+    for lt in plan.logical:
+        where = f"logical {lt.kind} {lt.name!r}"
+        if lt.kind not in LOGICAL_KINDS:
+            raise CompileError(f"{where}: kind is not one of {list(LOGICAL_KINDS)}")
+        if (lt.kind, lt.name) in seen:
+            raise CompileError(f"{where} appears twice")
+        seen.add((lt.kind, lt.name))
+        if lt.sbp not in ("S", "B", "P"):
+            raise CompileError(f"{where} has sbp {lt.sbp!r}, not S, B or P")
+        if not lt.parts or len(set(lt.parts)) != len(lt.parts):
+            raise CompileError(f"{where}: parts {list(lt.parts)} are not distinct names")
+        parts = [shapes[lt.kind][p] for p in lt.parts if shapes[lt.kind].get(p) is not None]
+        if lt.sbp == "S":
+            if not all(0 <= lt.axis < len(s) for s in parts) or len({s[: lt.axis] + s[lt.axis + 1 :] for s in parts}) > 1:
+                raise CompileError(f"{where}: parts of shapes {parts} do not split along axis {lt.axis}")
+        elif len(set(parts)) > 1:
+            raise CompileError(f"{where}: parts of sbp {lt.sbp} have shapes {parts}, not one shape")
+
+
+def _read_shape(plan: Plan, fetch: Actor) -> tuple[int, ...] | None:
+    return plan.registers[fetch.inputs[0].register].shape if fetch.inputs else None
+
+
+def _check_deadlock(plan: Plan) -> None:
+    """The wait-for graph has the data edges (producer before consumer, within an
+    iteration) and the collective order (the collective stream runs collectives one after
+    another in that order); a cycle there hangs every run. Quotas only add edges from
+    iteration i to iteration i + quota, which cannot close a cycle while every quota is at
+    least 1; stream order is decided at launch, in dependency order."""
+    names = {a.id: a.name for a in plan.actors}
+    names.update({coll.actors[0]: coll.name for coll in plan.collectives})
+    unit = unit_of(plan)
+    edges = {u: {(v, "data") for v in vs} for u, vs in data_edges(plan).items()}
+    for earlier, later in zip(plan.collectives, plan.collectives[1:]):
+        edges[unit[earlier.actors[0]]].add((unit[later.actors[0]], "collective order"))
+    cycle = find_cycle({u: [v for v, _ in vs] for u, vs in edges.items()})
+    if cycle is not None:
+        steps = [names[cycle[0]]]
+        for u, v in zip(cycle, cycle[1:]):
+            why = "/".join(sorted(kind for w, kind in edges[u] if w == v))
+            steps.append(f"-({why})-> {names[v]}")
+        raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
