@@ -380,7 +380,7 @@ class _Refused(ValueError):
     """A value the Plan's schema refuses; the message says why."""
 
 
-def _exactly(*types: type) -> Callable[[Any, Any], Any]:
+def _exactly(*types: Any) -> Callable[[Any, Any], Any]:
     """A structure hook that takes a value of these types as it is and refuses the rest
     (cattrs would convert: int("3"), str(3), bool(5))."""
 
@@ -420,7 +420,7 @@ def _complete(cls: type, converter: cattrs.Converter) -> Callable[[Any, Any], An
     """An attrs class only from a map with every field (to_bytes writes them all, so a
     missing one, even one with a default, means the bytes were changed) and no other
     (cattrs would ignore an unknown key, such as a misspelt ``consulers``)."""
-    structure = make_dict_structure_fn(cls, converter)
+    structure: Callable[[Any, Any], Any] = make_dict_structure_fn(cls, converter)
     fields = {f.name for f in attrs.fields(cls)}
 
     def hook(value: Any, _: Any) -> Any:

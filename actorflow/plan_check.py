@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -69,7 +69,12 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
 
 
 def _check_header(plan: Plan) -> None:
-    for kind, items in (("actor", plan.actors), ("register", plan.registers), ("stream", plan.streams)):
+    numbered: tuple[tuple[str, Sequence[Any]], ...] = (
+        ("actor", plan.actors),
+        ("register", plan.registers),
+        ("stream", plan.streams),
+    )
+    for kind, items in numbered:
         for k, item in enumerate(items):
             if item.id != k:
                 raise CompileError(f"{kind} {item.name!r} has id {item.id} but is number {k}; ids are positions")
@@ -80,7 +85,8 @@ def _check_header(plan: Plan) -> None:
     for device, rank in plan.ranks.items():
         if not 0 <= rank < plan.world:
             raise CompileError(f"device {device!r} is on rank {rank}, outside world {plan.world}")
-    devices = {x.device for x in (*plan.actors, *plan.registers) if not x.device.startswith("rank")}
+    placed = {a.device for a in plan.actors} | {r.device for r in plan.registers}
+    devices = {d for d in placed if not d.startswith("rank")}
     if plan.ranks and not devices <= plan.ranks.keys():
         raise CompileError(f"ranks place devices {sorted(plan.ranks)}, not {sorted(devices - plan.ranks.keys())}")
     if plan.link is not None:
@@ -276,7 +282,7 @@ def _specs(registers: Sequence[Any]) -> str:
     return ", ".join(f"{r.dtype}{list(r.shape)}" for r in registers) or "nothing"
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -294,20 +300,22 @@ def _check_collectives(plan: Plan) -> None:
                 raise CompileError(f"actor {plan.actors[a].name!r} takes part in {owner[a].name!r} and {coll.name!r}")
             owner[a] = coll
         first = plan.actors[coll.actors[0]]
-        for a in (plan.actors[k] for k in coll.actors):
-            if a.every != first.every:
-                raise CompileError(f"collective {coll.name!r}: participants {first.name!r} and {a.name!r} differ in rate")
+        for actor in (plan.actors[k] for k in coll.actors):
+            if actor.every != first.every:
+                raise CompileError(
+                    f"collective {coll.name!r}: participants {first.name!r} and {actor.name!r} differ in rate"
+                )
         streams = {plan.actors[a].stream for a in coll.actors}
         if len(streams) != len({plan.streams[s].rank for s in streams}):
             raise CompileError(f"the participants of {coll.name!r} on one rank are on different streams")
         if not math.isfinite(coll.seconds) or coll.seconds < 0:
             raise CompileError(f"collective {coll.name!r} lasts {coll.seconds} s")
-    for a in plan.actors:
-        coll = owner.get(a.id)
-        if (a.kind == "collective") != (coll is not None) or a.group != (coll.id if coll else -1):
+    for actor in plan.actors:
+        group = owner.get(actor.id)
+        if (actor.kind == "collective") != (group is not None) or actor.group != (group.id if group else -1):
             raise CompileError(
-                f"actor {a.name!r} ({a.kind}, group {a.group}) takes part in "
-                + (f"collective {coll.name!r} (id {coll.id})" if coll else "no collective")
+                f"actor {actor.name!r} ({actor.kind}, group {actor.group}) takes part in "
+                + (f"collective {group.name!r} (id {group.id})" if group else "no collective")
             )
     rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
     if len(rates) > 1:
@@ -370,7 +378,7 @@ def _check_ends(plan: Plan) -> None:
 def _check_logical(plan: Plan) -> None:
     """A logical tensor's parts fit together (a part this plan lacks is left out: the
     runtime puts one together only from all its parts)."""
-    shapes = {
+    shapes: dict[str, dict[str, Any]] = {
         "feed": {f.name: f.shape for f in plan.feeds},
         "output": {o.name: _read_shape(plan, plan.actors[o.actor]) for o in plan.outputs},
         "parameter": {p.name: p.value.shape for p in plan.parameters},

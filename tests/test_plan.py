@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 import actorflow as af
-from actorflow.plan import _converter, _encode, _seal, _unseal
-
 import userfns
+from actorflow.plan import _converter, _encode, _seal, _unseal
 
 
 def build_graph(fn=userfns.double):

@@ -5,8 +5,9 @@ prints the counts)."""
 
 from __future__ import annotations
 
-import plan_fuzz
 import pytest
+
+import plan_fuzz
 
 # flipped parameter values may overflow in the kernels: a result, not a failure
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
