@@ -24,6 +24,7 @@ from .micro_batches import split_micro_batches
 from .priorities import assign_priorities
 from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
+from .resources import resources
 from .schedules import schedule_quotas
 from .streams import assign_streams
 from .updates import order_updates
@@ -60,6 +61,10 @@ def compile(
     stages: Sequence[str | Sequence[str]] | None = None,
     schedule: str | None = None,
     ranks: Ranks = None,
+    max_streams: int = 64,
+    max_ops_per_stream: int = 1024,
+    max_labels: int = 65536,
+    max_memory: int | None = None,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -86,8 +91,16 @@ def compile(
     ``ranks.place_ranks``): by default as many as the launcher started (one without a
     launcher), the devices spread over them in order; an int; or a list of the devices
     of each rank. Every rank compiles the same plan and runs its own devices' actors.
+
+    The device resource model (see ``resources``): max_streams per rank (compute and
+    copy per device, collective streams, the communication stream); max_ops_per_stream:
+    collectives one collective stream carries, in execution order, before its group's
+    next stream opens; max_labels: labels the calls of reused communication subgraphs
+    may take; max_memory: bytes of planned memory per device (default: what this
+    machine has available). Going past one is a CompileError that gives the numbers.
     """
     _warn_if_nothing_to_see(graph)
+    limits = resources(max_streams, max_ops_per_stream, max_labels, max_memory)
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = split_micro_batches(plan, micro_batches)
@@ -95,16 +108,16 @@ def compile(
     if fusion:
         plan = fuse_collectives(plan, bucket_first, bucket_cap)
     plan = split_ranks(plan, *place_ranks(plan_devices(plan), ranks))
-    plan = assign_streams(plan)
     plan = order_collectives(plan)
+    plan = assign_streams(plan, limits)
     if link_bandwidth is not None:
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
     if schedule is not None:
         overrides = schedule_quotas(plan, _stage_devices(stages), schedule, quota) | overrides
-    plan = plan_registers(plan, quota, overrides)
+    plan = plan_registers(plan, quota, overrides, limits.max_memory)
     plan = assign_priorities(plan, compute_first=priority)
-    return check(attrs.evolve(plan, overlap=overlap))
+    return check(attrs.evolve(plan, overlap=overlap, resources=limits))
 
 
 def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[str]]:

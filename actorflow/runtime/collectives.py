@@ -42,11 +42,19 @@ def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
     return tuple(sorted({plan.rank_of(plan.actors[a].device) for a in coll.actors}))
 
 
+def channel_of(plan: Plan, coll: Collective) -> tuple[tuple[str, ...], int]:
+    """The communicator a collective over ranks runs on: one per collective stream of its
+    group (the group's devices, the stream's channel), the same on every rank, since
+    collectives on one communicator must start in the same order everywhere."""
+    stream = plan.streams[plan.actors[coll.actors[0]].stream]
+    return stream.group, stream.channel
+
+
 def across_ranks(plan: Plan, coll: Collective, rank: int, transport: Transport) -> Callable[[list, list], Any]:
     """The kernel this rank's participants of ``coll`` run, for a collective over ranks."""
     actors = [plan.actors[a] for a in coll.actors]
     group = ranks_of(plan, coll)
-    comm = transport.groups[group]
+    comm = transport.groups[channel_of(plan, coll)]
     first = actors[0]
     if first.op == "all_reduce":
         return functools.partial(first.kernel, **first.attrs, across=Across(transport, comm, len(actors)))

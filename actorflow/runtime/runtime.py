@@ -31,7 +31,7 @@ from ..plan import Plan, transfer_peers
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
-from .collectives import across_ranks, ranks_of
+from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor, post
@@ -595,10 +595,10 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     return result
 
 
-def _groups(plan: Plan) -> list[tuple[int, ...]]:
-    """The groups of ranks that run collectives together, in plan order."""
-    groups = (ranks_of(plan, c) for c in plan.collectives)
-    return list(dict.fromkeys(g for g in groups if len(g) > 1))
+def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:
+    """(communicator key, ranks) for each collective stream that spans ranks, in plan order."""
+    groups = ((channel_of(plan, c), ranks_of(plan, c)) for c in plan.collectives)
+    return list(dict.fromkeys(g for g in groups if len(g[1]) > 1))
 
 
 def _digest(plan: Plan) -> bytes:
