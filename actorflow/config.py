@@ -100,7 +100,9 @@ class RuntimeConfig:
     """The keyword arguments of ``actorflow.compiler.compile`` of the same names
     (link_bandwidth in bytes/s, None for no link emulation; link_latency in seconds;
     the device resource model: max_streams, max_ops_per_stream, max_labels, and
-    max_memory in bytes per device, None for what the machine has available)."""
+    max_memory in bytes per device, None for what the machine has available;
+    comm_reuse: communication subgraph reuse, -1 or a positive limit for on, None for
+    off, where ACTORFLOW_COMM_REUSE, when set, wins)."""
 
     quota: int = 2
     priority: bool = True
@@ -111,6 +113,7 @@ class RuntimeConfig:
     max_ops_per_stream: int = 1024
     max_labels: int = 65536
     max_memory: int | None = None
+    comm_reuse: int | None = None
 
 
 @attrs.frozen(kw_only=True)

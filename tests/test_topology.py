@@ -4,15 +4,15 @@ where no data path orders a read before its update."""
 
 from __future__ import annotations
 
+import graph_strategies as gs
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_properties import SETTINGS
 
 import actorflow as af
-import graph_strategies as gs
 from actorflow.compiler.topology import data_edges, reachable, reaches_any, unit_of
 from actorflow.dag import topological_order
-from test_properties import SETTINGS
 
 
 @st.composite

@@ -25,6 +25,7 @@ from .priorities import assign_priorities
 from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
 from .resources import resources
+from .reuse import reuse_communication, reuse_limit
 from .schedules import schedule_quotas
 from .streams import assign_streams
 from .updates import order_updates
@@ -65,6 +66,7 @@ def compile(
     max_ops_per_stream: int = 1024,
     max_labels: int = 65536,
     max_memory: int | None = None,
+    comm_reuse: int | None = None,
 ) -> Plan:
     """Lower ``graph`` into a Plan.
 
@@ -98,9 +100,14 @@ def compile(
     next stream opens; max_labels: labels the calls of reused communication subgraphs
     may take; max_memory: bytes of planned memory per device (default: what this
     machine has available). Going past one is a CompileError that gives the numbers.
+
+    comm_reuse: communication subgraph reuse (see ``reuse``), as ACTORFLOW_COMM_REUSE,
+    which wins when set: -1 on with the default limit of 1000 reused collectives, a
+    positive int on with that limit, None (the default) off.
     """
     _warn_if_nothing_to_see(graph)
     limits = resources(max_streams, max_ops_per_stream, max_labels, max_memory)
+    reuse = reuse_limit(comm_reuse)
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = split_micro_batches(plan, micro_batches)
@@ -109,12 +116,14 @@ def compile(
         plan = fuse_collectives(plan, bucket_first, bucket_cap)
     plan = split_ranks(plan, *place_ranks(plan_devices(plan), ranks))
     plan = order_collectives(plan)
+    plan, floors = reuse_communication(plan, reuse, limits.max_ops_per_stream, limits.max_labels)
     plan = assign_streams(plan, limits)
     if link_bandwidth is not None:
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)
     if schedule is not None:
         overrides = schedule_quotas(plan, _stage_devices(stages), schedule, quota) | overrides
+    overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
     plan = plan_registers(plan, quota, overrides, limits.max_memory)
     plan = assign_priorities(plan, compute_first=priority)
     return check(attrs.evolve(plan, overlap=overlap, resources=limits))

@@ -1,8 +1,8 @@
 """check: refuse a Plan that is incomplete or could deadlock.
 
 The wait-for graph has the data edges (producer before consumer, within an iteration)
-and the collective order (the collective stream runs collectives one after another in
-that order). A cycle there hangs every run, so it is a compile error naming the cycle.
+and the collective order (each collective stream runs its collectives one after another
+in that order). A cycle there hangs every run, so it is a compile error naming the cycle.
 Quotas only add edges from iteration i to iteration i + quota, which cannot close a cycle
 while every quota is at least 1; stream order is decided at launch, in dependency order.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..errors import CompileError, DeadlockError
 from ..plan import Plan
-from .topology import data_edges, find_cycle, unit_of
+from .topology import call_edges, find_cycle, unit_of
 
 
 def check(plan: Plan) -> Plan:
@@ -35,8 +35,9 @@ def check(plan: Plan) -> Plan:
         )
 
     unit = unit_of(plan)
-    edges = {u: {(v, "data") for v in vs} for u, vs in data_edges(plan).items()}
-    for earlier, later in zip(plan.collectives, plan.collectives[1:]):
+    edges = {u: {(v, "data") for v in vs} for u, vs in call_edges(plan).items()}
+    names.update({u: f"{names[u[0]]} call {u[1]}" for u in edges if isinstance(u, tuple)})
+    for earlier, later in stream_order_pairs(plan):
         edges[unit[earlier.actors[0]]].add((unit[later.actors[0]], "collective order"))
     cycle = find_cycle({u: [v for v, _ in vs] for u, vs in edges.items()})
     if cycle is not None:
@@ -46,3 +47,16 @@ def check(plan: Plan) -> Plan:
             steps.append(f"-({why})-> {names[v]}")
         raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
     return plan
+
+
+def stream_order_pairs(plan: Plan) -> list[tuple]:
+    """Consecutive collectives of each collective stream, in the collective order: what
+    the streams wait on (each runs its part of the order, one after another)."""
+    last: dict[int, object] = {}
+    pairs = []
+    for coll in plan.collectives:
+        stream = plan.actors[coll.actors[0]].stream
+        if stream in last:
+            pairs.append((last[stream], coll))
+        last[stream] = coll
+    return pairs

@@ -24,7 +24,9 @@ Every input guarantees "producer finished before consumer starts", so if produce
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
 redundant: events live on the transitive reduction of the actor DAG (the idea of
 Paddle's ShrinkEventInfo). A collective's participants run as one kernel, so their
-inputs are pruned together.
+inputs are pruned together. A reused communication subgraph acts once per call: its
+inputs and what reads it always wait on their own event, and no path through it
+implies anything (it may pass through a later call).
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
     edges = data_edges(plan)
     position = {u: k for k, u in enumerate(topological_order(edges))}
+    reused = {unit[a.id] for a in plan.actors if a.calls > 1}
+    if reused:  # a path through a reused subgraph may pass through a later call: it implies nothing
+        edges = {u: vs - reused for u, vs in edges.items()}
     stream = {a.id: a.stream for a in plan.actors}
     ordered = {s.id for s in plan.streams if s.kind == "collective"}
     comm = {s.id for s in plan.streams if s.kind == "comm"}
@@ -83,6 +88,8 @@ def insert_events(plan: Plan) -> Plan:
             return "completion"
         if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
+        if actor.calls > 1 or plan.actors[producer].calls > 1:
+            return "event"  # each call waits for its own input, each reader for its own call
         if seen or implied(unit[actor.id], unit[producer]):
             return "implied"
         return "event"

@@ -24,14 +24,12 @@ collective ids are renumbered so that each stays equal to its index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import attrs
 import numpy as np
 
 from ..ops.fusion_kernels import fused_all_reduce
 from ..plan import Actor, Collective, Consumer, Plan, Register
-from .topology import data_edges, reach_bits, ready_order, unit_of
+from .topology import Contracted, data_edges, ready_order, unit_of
 
 FUSIBLE_OPS = ("sum", "mean")
 
@@ -87,7 +85,7 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
     def ready(coll: Collective) -> tuple[int, int]:
         return order[unit[coll.actors[0]]]
 
-    graph = _Contracted(data_edges(plan), [unit[c.actors[0]] for members in groups.values() for c in members])
+    graph = Contracted(data_edges(plan), [unit[c.actors[0]] for members in groups.values() for c in members])
     buckets: list[list[Collective]] = []
     ordered = sorted(groups.values(), key=lambda members: min(map(ready, members)))
     for members in ordered:
@@ -122,39 +120,6 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
         close()
     buckets.sort(key=lambda b: ready(b[0]))
     return buckets
-
-
-class _Contracted:
-    """The unit DAG with some sets of units merged into one (their first unit), and which
-    of the ``candidates`` (a bit each) each candidate reaches."""
-
-    def __init__(self, edges: dict[int, set[int]], candidates: Sequence[int]) -> None:
-        self.edges = {u: set(vs) for u, vs in edges.items()}
-        self.merged: dict[int, int] = {}
-        self.bit = {u: 1 << k for k, u in enumerate(candidates)}
-
-    def find(self, u: int) -> int:
-        while u in self.merged:
-            u = self.merged[u]
-        return u
-
-    def contract(self, units: Sequence[int]) -> None:
-        members = {self.find(u) for u in units}
-        head = self.find(units[0])
-        out: set[int] = set()
-        for u in members:
-            out |= self.edges.pop(u)
-        for u in members - {head}:
-            self.merged[u] = head
-        for u, vs in self.edges.items():
-            if vs & members:
-                self.edges[u] = (vs - members) | {head}
-        self.edges[head] = out - members
-
-    def reaches(self) -> dict[int, int]:
-        """Candidate -> the bits of the candidates it reaches (merged ones through their head)."""
-        heads = {u for u in self.bit if u not in self.merged}
-        return reach_bits(self.edges, heads, {u: self.bit[u] for u in heads})
 
 
 # -- rewriting the plan -----------------------------------------------------------------

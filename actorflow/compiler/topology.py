@@ -3,7 +3,7 @@ run as one kernel."""
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 
 from ..dag import Edges, topological_order
 from ..plan import Plan
@@ -28,6 +28,35 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
         for c in reg.consumers:
             if unit[c.actor] != unit[reg.producer]:
                 edges[unit[reg.producer]].add(unit[c.actor])
+    return edges
+
+
+def call_edges(plan: Plan) -> dict:
+    """``data_edges`` with each reused communication subgraph (``Actor.calls`` > 1) split
+    into its calls, nodes (unit, call) chained in call order: what waits on what at run
+    time, where one subgraph node would join inputs of late calls to readers of early ones."""
+    unit = unit_of(plan)
+    reused = {unit[a.id]: a.calls for a in plan.actors if a.calls > 1}
+    if not reused:
+        return data_edges(plan)
+
+    def node(actor: int, call: int):
+        u = unit[actor]
+        return (u, call) if u in reused else u
+
+    edges: dict = {u: set() for u in unit.values() if u not in reused}
+    for u, calls in reused.items():
+        for j in range(calls):
+            edges[(u, j)] = {(u, j + 1)} if j + 1 < calls else set()
+    for a in plan.actors:
+        for slot, i in enumerate(a.inputs):
+            reg = plan.registers[i.register]
+            if reg.is_parameter or unit[reg.producer] == unit[a.id]:
+                continue
+            call = 0
+            if unit[reg.producer] in reused:
+                call = next(c.call for c in reg.consumers if c.actor == a.id and c.slot == slot)
+            edges[node(reg.producer, call)].add(node(a.id, slot))
     return edges
 
 
@@ -114,6 +143,39 @@ def reaches_any(edges: Edges, position: Mapping[int, int], start: int, targets: 
                 seen.add(w)
                 stack.append(w)
     return False
+
+
+class Contracted:
+    """The unit DAG with some sets of units merged into one (their first unit), and which
+    of the ``candidates`` (a bit each) each candidate reaches."""
+
+    def __init__(self, edges: dict[int, set[int]], candidates: Sequence[int]) -> None:
+        self.edges = {u: set(vs) for u, vs in edges.items()}
+        self.merged: dict[int, int] = {}
+        self.bit = {u: 1 << k for k, u in enumerate(candidates)}
+
+    def find(self, u: int) -> int:
+        while u in self.merged:
+            u = self.merged[u]
+        return u
+
+    def contract(self, units: Sequence[int]) -> None:
+        members = {self.find(u) for u in units}
+        head = self.find(units[0])
+        out: set[int] = set()
+        for u in members:
+            out |= self.edges.pop(u)
+        for u in members - {head}:
+            self.merged[u] = head
+        for u, vs in self.edges.items():
+            if vs & members:
+                self.edges[u] = (vs - members) | {head}
+        self.edges[head] = out - members
+
+    def reaches(self) -> dict[int, int]:
+        """Candidate -> the bits of the candidates it reaches (merged ones through their head)."""
+        heads = {u for u in self.bit if u not in self.merged}
+        return reach_bits(self.edges, heads, {u: self.bit[u] for u in heads})
 
 
 def find_cycle(edges: Edges) -> list[int] | None:

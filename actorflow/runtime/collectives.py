@@ -71,8 +71,10 @@ class _Gathering:
         self.transport = transport
         self.comm = comm
         self.local = [plan.rank_of(a.device) == rank for a in actors]
+        # a reused subgraph's call reads one of its inputs, all of one shape and dtype
         self.inputs = [
-            [plan.registers[i.register] for i in a.inputs if not plan.registers[i.register].control] for a in actors
+            [plan.registers[i.register] for i in a.inputs[: 1 if a.calls > 1 else None] if not plan.registers[i.register].control]
+            for a in actors
         ]
         self.n_outputs = [len(a.outputs) for a in actors]
         owner = [plan.rank_of(a.device) for a in actors]

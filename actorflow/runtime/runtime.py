@@ -27,7 +27,7 @@ import numpy as np
 import trio
 
 from ..errors import FeedError, RankError, StallError
-from ..plan import Plan, transfer_peers
+from ..plan import Actor, Plan, transfer_peers
 from ..trace.recorder import Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
@@ -170,6 +170,7 @@ class Runtime:
                 [len(plan.registers[o].consumers) for o in actor.outputs],
                 holds=[_hold(plan, actor, actor.inputs[k]) for k in self._protocol[actor.id]],
                 periods=periods,
+                call_consumers=_call_consumers(plan, actor),
             )
             phases = max([p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1)
             self._members[actor.id] = Member(actor, state, phases)
@@ -249,7 +250,8 @@ class Runtime:
                 )
                 for c in reg.consumers
             ]
-            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control))
+            calls = [c.call for c in reg.consumers] if actor.calls > 1 else None
+            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control, calls))
 
     def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> Unit:
         first = actors[0]
@@ -303,7 +305,7 @@ class Runtime:
             self._done = trio.Event()
             self._running = True
             for member in self._members.values():
-                acts = len(arrays) // member.actor.every
+                acts = len(arrays) // member.actor.every * member.actor.calls
                 member.state.acts_left += acts
                 self._remaining += acts
             for driver in self._drivers:
@@ -345,7 +347,10 @@ class Runtime:
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
+        call, act = act % actor.calls, act // actor.calls
         args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": act * every // m, "act": act}
+        if actor.calls > 1:
+            args["call"] = call
         if m > 1 and every == 1:
             args["micro_batch"] = act % m
         if taken[0]:
@@ -593,6 +598,17 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     if rest > 0:
         time.sleep(rest)
     return result
+
+
+def _call_consumers(plan: Plan, actor: Actor) -> list[list[int]] | None:
+    """Per output of a reused communication subgraph's participant, its consumers per call."""
+    if actor.calls == 1:
+        return None
+    counts = [[0] * actor.calls for _ in actor.outputs]
+    for k, o in enumerate(actor.outputs):
+        for c in plan.registers[o].consumers:
+            counts[k][c.call] += 1
+    return counts
 
 
 def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:

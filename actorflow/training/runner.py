@@ -57,6 +57,7 @@ def compile_config(config: Config, ranks: int | None = None) -> Plan:
         max_ops_per_stream=runtime.max_ops_per_stream,
         max_labels=runtime.max_labels,
         max_memory=runtime.max_memory,
+        comm_reuse=runtime.comm_reuse,
         micro_batches=parallel.micro_batches,
         stages=parallel.stages,
         schedule=parallel.schedule,
