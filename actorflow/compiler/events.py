@@ -6,7 +6,7 @@ queued behind it. When a stream is fed by one other stream only, its queue follo
 stream's order and the wait costs nothing: those inputs get events. A stream fed by
 several (the host counts as one where the stream carries feeds: a copy stream with
 feeds, fetches and device-to-device copies) gets its inputs only at the producer's
-completion. The collective stream is the exception: it runs its collectives in one fixed
+completion. A collective stream is the exception: it runs its collectives in one fixed
 order, so nothing queued behind a waiting collective could have run first, and its inputs
 get events whatever feeds it (no round trip through the host before each collective). An
 actor that reads one register twice waits once.

@@ -240,7 +240,7 @@ def _renumber(plan: Plan, collectives: list[Collective], dead_actors: set[int], 
         attrs.evolve(
             a,
             id=actor_id[a.id],
-            inputs=tuple(attrs.evolve(i, register=register_id[i.register]) for i in a.inputs),
+            inputs=tuple(Input(register_id[i.register], i.sync) for i in a.inputs),
             outputs=tuple(register_id[o] for o in a.outputs),
             group=group_of.get(a.group, -1),
         )
@@ -252,7 +252,7 @@ def _renumber(plan: Plan, collectives: list[Collective], dead_actors: set[int], 
             r,
             id=register_id[r.id],
             producer=actor_id.get(r.producer, r.producer),
-            consumers=tuple(attrs.evolve(c, actor=actor_id[c.actor]) for c in r.consumers),
+            consumers=tuple(Consumer(actor_id[c.actor], c.slot, c.call) for c in r.consumers),
         )
         for r in plan.registers
         if r.id not in dead_registers
