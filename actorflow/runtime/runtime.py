@@ -374,7 +374,8 @@ class Runtime:
         on_rank = f" on rank {self.rank}" if self._transport is not None else ""
         exc.add_note(
             f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r}{on_rank} "
-            f"at iteration {iteration - self._base} of this run ({iteration} since the runtime opened); "
+            f"at {_act_text(actor, iteration, self._base)} of this run "
+            f"({iteration // actor.calls} since the runtime opened); "
             f"the op was built at {actor.where}"
         )
         self.fail(exc)
@@ -501,7 +502,7 @@ class Runtime:
                 continue
             stream = plan.streams[actor.stream].name
             lines.append(
-                f"  {actor.name} on {stream}, iteration {state.iteration - self._base}: "
+                f"  {actor.name} on {stream}, {_act_text(actor, state.iteration, self._base)}: "
                 + ("; ".join(lacking(plan, member)) or "can act, waiting for its turn")
             )
         for driver in self._drivers:
@@ -598,6 +599,14 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     if rest > 0:
         time.sleep(rest)
     return result
+
+
+def _act_text(actor: Actor, act: int, base: int) -> str:
+    """An actor's act as people count it: the iteration (from ``base``) and, for a reused
+    communication subgraph, which call of it."""
+    if actor.calls == 1:
+        return f"iteration {act - base}"
+    return f"iteration {act // actor.calls - base}, call {act % actor.calls}"
 
 
 def _call_consumers(plan: Plan, actor: Actor) -> list[list[int]] | None:
