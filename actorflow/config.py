@@ -98,13 +98,22 @@ class ParallelConfig:
 @attrs.frozen(kw_only=True)
 class RuntimeConfig:
     """The keyword arguments of ``actorflow.compiler.compile`` of the same names
-    (link_bandwidth in bytes/s, None for no link emulation; link_latency in seconds)."""
+    (link_bandwidth in bytes/s, None for no link emulation; link_latency in seconds;
+    the device resource model: max_streams, max_ops_per_stream, max_labels, and
+    max_memory in bytes per device, None for what the machine has available;
+    comm_reuse: communication subgraph reuse, -1 or a positive limit for on, None for
+    off, where ACTORFLOW_COMM_REUSE, when set, wins)."""
 
     quota: int = 2
     priority: bool = True
     fusion: bool = True
     link_bandwidth: float | None = None
     link_latency: float = 0.0
+    max_streams: int = 64
+    max_ops_per_stream: int = 1024
+    max_labels: int = 65536
+    max_memory: int | None = None
+    comm_reuse: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -461,6 +470,10 @@ def _check_values(config: Config) -> None:
     if runtime.link_bandwidth is not None:
         _above("runtime.link_bandwidth", runtime.link_bandwidth, 0)
     _at_least("runtime.link_latency", runtime.link_latency, 0)
+    for name in ("max_streams", "max_ops_per_stream", "max_labels"):
+        _at_least(f"runtime.{name}", getattr(runtime, name), 1)
+    if runtime.max_memory is not None:
+        _at_least("runtime.max_memory", runtime.max_memory, 1)
 
 
 _USED_ONLY_BY = {"momentum": "sgd", "beta1": "adam", "beta2": "adam", "eps": "adam"}

@@ -47,6 +47,25 @@ class Stream:
     kind: str
     device: str
     rank: int = 0
+    group: tuple[str, ...] = ()
+    """For a collective stream: the devices of the communication group it serves."""
+    channel: int = 0
+    """For a collective stream: its place among its group's streams (the same on every rank)."""
+
+
+@attrs.frozen
+class Resources:
+    """What a rank can hold, as the compiler was told (``compile``'s options of the same
+    names): streams per rank, collectives per collective stream, labels (each call of a
+    reused communication subgraph costs one), bytes of planned memory per device."""
+
+    max_streams: int = 64
+    max_ops_per_stream: int = 1024
+    max_labels: int = 65536
+    max_memory: int = 0
+
+
+DEFAULT_RESOURCES = Resources()
 
 
 @attrs.frozen
@@ -76,6 +95,8 @@ class Input:
 class Consumer:
     actor: int
     slot: int
+    call: int = 0
+    """Which call of a reused communication subgraph (``Actor.calls``) it reads."""
 
 
 @attrs.frozen
@@ -135,6 +156,10 @@ class Actor:
     where: str = ""
     every: int = 1
     backward: bool = False
+    calls: int = 1
+    """A participant of a reused communication subgraph acts ``calls`` times per
+    iteration, once per call site in a fixed order: call k reads input k and writes the
+    one shared output register, which only call k's consumers (``Consumer.call``) read."""
 
 
 @attrs.frozen
@@ -220,6 +245,9 @@ class Plan:
     world: int = 1
     ranks: dict[str, int] = attrs.Factory(dict)
     stages: tuple[tuple[str, ...], ...] = ()
+    resources: Resources = DEFAULT_RESOURCES
+    labels: int = 0
+    """Labels the calls of reused communication subgraphs take (see ``Resources``)."""
 
     def rank_of(self, device: str) -> int:
         """The rank of a device, or of a rank's own streams (``rankN``)."""
@@ -466,15 +494,33 @@ def headline(plan: Plan) -> str:
     )
 
 
+def stream_usage(plan: Plan) -> list[str]:
+    """Per rank, the streams it runs against ``max_streams``, by kind; labels, where used."""
+    kinds: dict[int, dict[str, int]] = {}
+    for s in plan.streams:
+        kinds.setdefault(s.rank, {}).setdefault(s.kind, 0)
+        kinds[s.rank][s.kind] += 1
+    limit = plan.resources.max_streams
+    lines = [
+        f"streams of rank {rank}: {sum(n.values())} of max_streams {limit} ("
+        + ", ".join(f"{count} {kind}" for kind, count in sorted(n.items())) + ")"
+        for rank, n in sorted(kinds.items())
+    ]
+    if plan.labels:
+        lines.append(f"labels: {plan.labels} of max_labels {plan.resources.max_labels}")
+    return lines
+
+
 def _summary_lines(plan: Plan) -> list[str]:
     names = {a.id: a.name for a in plan.actors}
-    lines = [headline(plan)]
+    lines = [headline(plan), *stream_usage(plan)]
     for stream in plan.streams:
         actors = sorted(
             (a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority
         )
         rank = f"rank {stream.rank}, " if plan.world > 1 else ""
-        lines.append(f"stream {stream.name} ({rank}{len(actors)} actors)")
+        group = f"group {','.join(stream.group)}, " if stream.group else ""
+        lines.append(f"stream {stream.name} ({rank}{group}{len(actors)} actors)")
         for a in actors:
             ins = ", ".join(_input_text(plan, i) for i in a.inputs) or "-"
             rate = " [step]" if a.every > 1 else ""

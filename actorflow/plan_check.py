@@ -22,7 +22,7 @@ from .dag import find_cycle
 from .errors import CompileError, DeadlockError
 
 if TYPE_CHECKING:
-    from .plan import Actor, Plan
+    from .plan import Actor, Collective, Plan
 
 ACTOR_KINDS = ("compute", "copy", "collective", "feed", "fetch", "variable", "update", "send", "recv")
 SYNCS = ("stream", "event", "implied", "completion")
@@ -41,6 +41,7 @@ def validate(plan: Plan) -> None:
     _check_consumers(plan)
     _check_transfers(plan)
     _check_collectives(plan)
+    _check_calls(plan)
     _check_ends(plan)
     _check_logical(plan)
     _check_deadlock(plan)
@@ -65,6 +66,35 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
         for c in reg.consumers:
             if unit[c.actor] != unit[reg.producer]:
                 edges[unit[reg.producer]].add(unit[c.actor])
+    return edges
+
+
+def call_edges(plan: Plan) -> dict:
+    """``data_edges`` with each reused communication subgraph (``Actor.calls`` > 1) split
+    into its calls, nodes (unit, call) chained in call order: what waits on what at run
+    time, where one subgraph node would join inputs of late calls to readers of early ones."""
+    unit = unit_of(plan)
+    reused = {unit[a.id]: a.calls for a in plan.actors if a.calls > 1}
+    if not reused:
+        return data_edges(plan)
+
+    def node(actor: int, call: int):
+        u = unit[actor]
+        return (u, call) if u in reused else u
+
+    edges: dict = {u: set() for u in unit.values() if u not in reused}
+    for u, calls in reused.items():
+        for j in range(calls):
+            edges[(u, j)] = {(u, j + 1)} if j + 1 < calls else set()
+    for a in plan.actors:
+        for slot, i in enumerate(a.inputs):
+            reg = plan.registers[i.register]
+            if reg.is_parameter or unit[reg.producer] == unit[a.id]:
+                continue
+            call = 0
+            if unit[reg.producer] in reused:
+                call = next(c.call for c in reg.consumers if c.actor == a.id and c.slot == slot)
+            edges[node(reg.producer, call)].add(node(a.id, slot))
     return edges
 
 
@@ -325,6 +355,32 @@ def _check_collectives(plan: Plan) -> None:
         )
 
 
+def _check_calls(plan: Plan) -> None:
+    """A reused communication subgraph (``Actor.calls`` > 1, see the compiler's ``reuse``)
+    is a collective whose participants read one input per call; each consumer of what it
+    makes reads one of its calls (``Consumer.call``), every other consumer call 0."""
+    for a in plan.actors:
+        if a.calls < 1:
+            raise CompileError(f"actor {a.name!r} has {a.calls} calls; it must have >= 1")
+        if a.calls > 1 and (a.kind != "collective" or len(a.inputs) != a.calls):
+            raise CompileError(
+                f"actor {a.name!r} ({a.kind}, {len(a.inputs)} inputs) has {a.calls} calls: only a reused "
+                "collective has several, one input each"
+            )
+    for coll in plan.collectives:
+        counts = {plan.actors[a].calls for a in coll.actors}
+        if len(counts) > 1:
+            raise CompileError(f"the participants of collective {coll.name!r} differ in calls: {sorted(counts)}")
+    for r in plan.registers:
+        calls = plan.actors[r.producer].calls if r.producer >= 0 else 1
+        for c in r.consumers:
+            if not 0 <= c.call < calls:
+                raise CompileError(
+                    f"register {r.name!r}: consumer {plan.actors[c.actor].name!r} reads call {c.call} "
+                    f"of a producer with {calls}"
+                )
+
+
 def _check_ends(plan: Plan) -> None:
     """Feeds, outputs and parameters: each names an actor or register that exists and
     fits, once (an output once per rank: every rank gets every output); each feed and
@@ -409,15 +465,17 @@ def _read_shape(plan: Plan, fetch: Actor) -> tuple[int, ...] | None:
 
 def _check_deadlock(plan: Plan) -> None:
     """The wait-for graph has the data edges (producer before consumer, within an
-    iteration) and the collective order (the collective stream runs collectives one after
-    another in that order); a cycle there hangs every run. Quotas only add edges from
-    iteration i to iteration i + quota, which cannot close a cycle while every quota is at
-    least 1; stream order is decided at launch, in dependency order."""
-    names = {a.id: a.name for a in plan.actors}
+    iteration; a reused communication subgraph split into its calls) and the collective
+    order (each collective stream runs its collectives one after another in that order);
+    a cycle there hangs every run. Quotas only add edges from iteration i to iteration
+    i + quota, which cannot close a cycle while every quota is at least 1; stream order is
+    decided at launch, in dependency order."""
+    names: dict[Any, str] = {a.id: a.name for a in plan.actors}
     names.update({coll.actors[0]: coll.name for coll in plan.collectives})
     unit = unit_of(plan)
-    edges = {u: {(v, "data") for v in vs} for u, vs in data_edges(plan).items()}
-    for earlier, later in zip(plan.collectives, plan.collectives[1:]):
+    edges = {u: {(v, "data") for v in vs} for u, vs in call_edges(plan).items()}
+    names.update({u: f"{names[u[0]]} call {u[1]}" for u in edges if isinstance(u, tuple)})
+    for earlier, later in stream_order_pairs(plan):
         edges[unit[earlier.actors[0]]].add((unit[later.actors[0]], "collective order"))
     cycle = find_cycle({u: [v for v, _ in vs] for u, vs in edges.items()})
     if cycle is not None:
@@ -426,3 +484,16 @@ def _check_deadlock(plan: Plan) -> None:
             why = "/".join(sorted(kind for w, kind in edges[u] if w == v))
             steps.append(f"-({why})-> {names[v]}")
         raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
+
+
+def stream_order_pairs(plan: Plan) -> list[tuple[Collective, Collective]]:
+    """Consecutive collectives of each collective stream, in the collective order: what
+    the streams wait on (each runs its part of the order, one after another)."""
+    last: dict[int, Collective] = {}
+    pairs = []
+    for coll in plan.collectives:
+        stream = plan.actors[coll.actors[0]].stream
+        if stream in last:
+            pairs.append((last[stream], coll))
+        last[stream] = coll
+    return pairs

@@ -3,14 +3,14 @@ full listing is ``Plan.summary()``)."""
 
 from __future__ import annotations
 
-from .plan import Plan, headline
+from .plan import Plan, headline, stream_usage
 
 _SYNC_STYLE = {"stream": "", "event": ', color="red"', "implied": ', style="dotted"', "completion": ', color="blue"'}
 
 
 def overview(plan: Plan) -> str:
     """Streams with their actors per kind, collectives, events and memory per device."""
-    lines = [headline(plan)]
+    lines = [headline(plan), *stream_usage(plan)]
     for stream in plan.streams:
         kinds: dict[str, int] = {}
         for a in plan.actors:

@@ -192,6 +192,18 @@ def test_compile_honours_set_overrides(capsys, tiny):
     assert "accumulate" not in one and "accumulate" in two
 
 
+@pytest.mark.usefixtures("no_running")
+def test_compile_shows_the_streams_of_each_rank_against_the_limit(capsys, tiny):
+    plan = compile_config(load_config(tiny, ["runtime.max_streams=9"]))
+    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", "runtime.max_streams=9")
+    assert code == 0, err
+    kinds = sorted({s.kind for s in plan.streams})
+    counts = ", ".join(f"{sum(s.kind == k for s in plan.streams)} {k}" for k in kinds)
+    assert out.splitlines()[1] == f"streams of rank 0: {len(plan.streams)} of max_streams 9 ({counts})"
+    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", f"runtime.max_streams={len(plan.streams) - 1}")
+    assert code != 0 and f"needs {len(plan.streams)} streams" in out + err
+
+
 # -- arguments ------------------------------------------------------------------------
 
 

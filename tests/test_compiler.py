@@ -329,12 +329,12 @@ def test_independent_events_are_both_kept():
 
 @pytest.mark.parametrize("graph", ["two_device", "two_collective", "priority"])
 def test_every_implied_input_is_covered_by_another_input(graph):
-    from actorflow.compiler.topology import data_edges, descendants, unit_of
+    from actorflow.compiler.topology import data_edges, reachable, unit_of
 
     plan = af.compile({"two_device": two_device_graph, "two_collective": two_collective_graph,
                        "priority": priority_graph}[graph]())
     unit = unit_of(plan)
-    reach = descendants(data_edges(plan))
+    edges = data_edges(plan)
     for coll_or_actor in plan.actors:
         for i in coll_or_actor.inputs:
             if i.sync != "implied":
@@ -347,7 +347,7 @@ def test_every_implied_input_is_covered_by_another_input(graph):
                 for j in m.inputs
                 if not plan.registers[j.register].is_parameter
             } - {p}
-            assert any(reach[p] >> y & 1 for y in others)
+            assert reachable(edges, [(p, y) for y in others])
 
 
 # -- order_collectives ---------------------------------------------------------------------

@@ -55,8 +55,9 @@ async def test_a_cancelled_run_makes_the_next_one_fail_not_lie():
 def test_an_empty_plan_runs_at_once():
     with af.Graph() as g:
         af.parameter("unused", np.zeros(2))
-    with pytest.warns(UserWarning, match="no outputs"):
+    with pytest.warns(UserWarning, match="no outputs") as warned:
         plan = af.compile(g)
+    assert warned[0].filename == __file__  # the caller's line, past compile's own frames
     assert plan.actors == ()
     assert af.run(plan) == {}
     assert af.run(plan, [{}, {}]) == [{}, {}]

@@ -293,7 +293,7 @@ def test_a_function_field_that_is_not_a_function_is_refused(plan):
 def test_a_consumer_that_does_not_exist_is_refused_naming_the_register(plan):
     def dangle(data):
         reg = data["registers"][named(data["registers"], "h")]
-        reg["consumers"] = (*reg["consumers"], {"actor": 99, "slot": 0})
+        reg["consumers"] = (*reg["consumers"], {"actor": 99, "slot": 0, "call": 0})
 
     error = load_error(edited(plan, dangle))
     assert "register 'h': consumer actor 99 does not exist" in str(error)

@@ -99,3 +99,14 @@ def test_two_stages_by_two_replicas_on_four_ranks_train_as_in_one_process(tmp_pa
     expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
     got = train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets)
     assert_same_training(got, expected)
+
+
+@pytest.mark.timeout(200)
+def test_a_stream_per_collective_over_two_ranks_trains_as_in_one_process(tmp_path):
+    """One collective a stream: each stream of the group has its own communicator, so
+    collectives running at once on two streams can't start in different orders."""
+    sets = ["train.steps=5", "parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2", "model.dtype=float64",
+            "runtime.fusion=false", "runtime.max_ops_per_stream=1"]
+    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
+    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
+    assert_same_training(got, expected)

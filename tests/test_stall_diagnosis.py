@@ -197,3 +197,18 @@ async def test_chain_with_every_act_launched_starts_at_the_running_kernel():
         ["w.sgd_update"],
         "which waits on nothing: its stream cpu:0/compute is running 'w.sgd_update' (iteration 0)",
     )
+
+
+def test_a_stall_behind_a_reused_subgraph_ends_at_the_kernel_everything_waits_on():
+    """The chain passes a reused communication subgraph, whose acts count its calls."""
+    devices = ["cpu:0", "cpu:1"]
+    with af.Graph() as g:
+        xs = [af.placeholder(f"x[{d}]", (2, 3), "float64", d) for d in devices]
+        reduced = [af.ops.all_reduce([af.ops.relu(x) for x in xs], op="sum")[0] for _ in range(3)]
+        slow = af.ops.call(hang, reduced[0], shape=(2, 3), dtype="float64", name="sloth")
+        af.output("y", af.ops.add(slow, af.ops.add(reduced[1], reduced[2])))
+    plan = af.compile(g, max_ops_per_stream=1, fusion=False, comm_reuse=-1)
+    assert plan.labels == 4
+    message = trio.run(stall_message, plan, {f"x[{d}]": np.ones((2, 3)) for d in devices})
+    assert message.splitlines()[-1].startswith("wait-for chain: comm_subgraph_0[cpu:0] -> sloth,"), message
+    assert "comm_subgraph_0[cpu:0] on rank0/collective, iteration 0, call 2: no credit" in message

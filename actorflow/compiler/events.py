@@ -6,7 +6,7 @@ queued behind it. When a stream is fed by one other stream only, its queue follo
 stream's order and the wait costs nothing: those inputs get events. A stream fed by
 several (the host counts as one where the stream carries feeds: a copy stream with
 feeds, fetches and device-to-device copies) gets its inputs only at the producer's
-completion. The collective stream is the exception: it runs its collectives in one fixed
+completion. A collective stream is the exception: it runs its collectives in one fixed
 order, so nothing queued behind a waiting collective could have run first, and its inputs
 get events whatever feeds it (no round trip through the host before each collective). An
 actor that reads one register twice waits once.
@@ -24,20 +24,31 @@ Every input guarantees "producer finished before consumer starts", so if produce
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
 redundant: events live on the transitive reduction of the actor DAG (the idea of
 Paddle's ShrinkEventInfo). A collective's participants run as one kernel, so their
-inputs are pruned together.
+inputs are pruned together. A reused communication subgraph acts once per call: its
+inputs and what reads it always wait on their own event, and no path through it
+implies anything (it may pass through a later call).
 """
 
 from __future__ import annotations
 
 import attrs
 
+from ..dag import topological_order
 from ..plan import Plan
-from .topology import data_edges, descendants, unit_of
+from .topology import data_edges, reaches_any, unit_of
+
+SEARCH_BUDGET = 4096
+"""Nodes one implied-event search may visit; past it the event stays (an event already
+implied costs a wait that is over at once, never a wrong order), so the pass stays linear."""
 
 
 def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
-    reach = descendants(data_edges(plan))
+    edges = data_edges(plan)
+    position = {u: k for k, u in enumerate(topological_order(edges))}
+    reused = {unit[a.id] for a in plan.actors if a.calls > 1}
+    if reused:  # a path through a reused subgraph may pass through a later call: it implies nothing
+        edges = {u: vs - reused for u, vs in edges.items()}
     stream = {a.id: a.stream for a in plan.actors}
     ordered = {s.id for s in plan.streams if s.kind == "collective"}
     comm = {s.id for s in plan.streams if s.kind == "comm"}
@@ -54,6 +65,17 @@ def insert_events(plan: Plan) -> Plan:
         )
         if actor.kind == "feed":
             sources[actor.stream].add(host)
+    latest = {u: sorted((position[p] for p in ps), reverse=True)[:2] for u, ps in producer_units.items()}
+
+    def implied(consumer: int, producer: int) -> bool:
+        """Another producer of ``consumer`` is reachable from ``producer`` (transitive reduction)."""
+        top = latest[consumer]
+        if len(top) < 2:
+            return False
+        bound = top[1] if position[producer] == top[0] else top[0]
+        if bound < position[producer]:
+            return False
+        return bool(reaches_any(edges, position, producer, producer_units[consumer], bound, SEARCH_BUDGET))
 
     def sync(actor, producer: int, seen: bool) -> str:
         if producer < 0:
@@ -66,8 +88,9 @@ def insert_events(plan: Plan) -> Plan:
             return "completion"
         if len(sources[actor.stream]) > 1 and actor.stream not in ordered:
             return "completion"
-        others = producer_units[unit[actor.id]] - {unit[producer]}
-        if seen or any(reach[unit[producer]] >> y & 1 for y in others):
+        if actor.calls > 1 or plan.actors[producer].calls > 1:
+            return "event"  # each call waits for its own input, each reader for its own call
+        if seen or implied(unit[actor.id], unit[producer]):
             return "implied"
         return "event"
 
@@ -75,7 +98,9 @@ def insert_events(plan: Plan) -> Plan:
     for actor in plan.actors:
         inputs, seen = [], set()
         for i in actor.inputs:
-            inputs.append(attrs.evolve(i, sync=sync(actor, plan.registers[i.register].producer, i.register in seen)))
+            mode = sync(actor, plan.registers[i.register].producer, i.register in seen)
+            inputs.append(i if i.sync == mode else attrs.evolve(i, sync=mode))
             seen.add(i.register)
-        actors.append(attrs.evolve(actor, inputs=tuple(inputs)))
+        changed = any(new is not old for new, old in zip(inputs, actor.inputs))
+        actors.append(attrs.evolve(actor, inputs=tuple(inputs)) if changed else actor)
     return attrs.evolve(plan, actors=tuple(actors))

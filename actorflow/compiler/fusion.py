@@ -24,14 +24,12 @@ collective ids are renumbered so that each stays equal to its index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import attrs
 import numpy as np
 
 from ..ops.fusion_kernels import fused_all_reduce
 from ..plan import Actor, Collective, Consumer, Plan, Register
-from .topology import data_edges, descendants, ready_order, unit_of
+from .topology import Contracted, data_edges, ready_order, unit_of
 
 FUSIBLE_OPS = ("sum", "mean")
 
@@ -87,69 +85,41 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
     def ready(coll: Collective) -> tuple[int, int]:
         return order[unit[coll.actors[0]]]
 
-    graph = _Contracted(data_edges(plan))
+    graph = Contracted(data_edges(plan), [unit[c.actors[0]] for members in groups.values() for c in members])
     buckets: list[list[Collective]] = []
     ordered = sorted(groups.values(), key=lambda members: min(map(ready, members)))
     for members in ordered:
         if len(members) < 2:
             continue
         members.sort(key=ready)
-        reach = graph.descendants()
+        reach = graph.reaches()
         bucket: list[Collective] = []
         size, index = 0, 0
+        inside = below = 0  # the bucket's units, and what they reach, as bitsets
 
         def close() -> None:
-            nonlocal bucket, size, index, reach
+            nonlocal bucket, size, index, reach, inside, below
             if len(bucket) > 1:
                 buckets.append(bucket)
                 graph.contract([unit[c.actors[0]] for c in bucket])
-                reach = graph.descendants()
+                reach = graph.reaches()
             bucket, size, index = [], 0, index + 1
+            inside = below = 0
 
         for coll in members:
             u = graph.find(unit[coll.actors[0]])
             nbytes = _nbytes(plan, coll)
-            if bucket:
-                others = [graph.find(unit[c.actors[0]]) for c in bucket]
-                dependent = any(reach[u] >> w & 1 or reach[w] >> u & 1 for w in others)
-                if dependent or size + nbytes > cap_bytes:
-                    close()
+            if bucket and (reach[u] & inside or below & graph.bit[u] or size + nbytes > cap_bytes):
+                close()
             bucket.append(coll)
             size += nbytes
+            inside |= graph.bit[u]
+            below |= reach[u]
             if index == 0 and size >= first_bytes:
                 close()
         close()
     buckets.sort(key=lambda b: ready(b[0]))
     return buckets
-
-
-class _Contracted:
-    """The unit DAG with some sets of units merged into one (their first unit)."""
-
-    def __init__(self, edges: dict[int, set[int]]) -> None:
-        self.edges = {u: set(vs) for u, vs in edges.items()}
-        self.merged: dict[int, int] = {}
-
-    def find(self, u: int) -> int:
-        while u in self.merged:
-            u = self.merged[u]
-        return u
-
-    def contract(self, units: Sequence[int]) -> None:
-        members = {self.find(u) for u in units}
-        head = self.find(units[0])
-        out: set[int] = set()
-        for u in members:
-            out |= self.edges.pop(u)
-        for u in members - {head}:
-            self.merged[u] = head
-        for u, vs in self.edges.items():
-            if vs & members:
-                self.edges[u] = (vs - members) | {head}
-        self.edges[head] = out - members
-
-    def descendants(self) -> dict[int, int]:
-        return descendants(self.edges)
 
 
 # -- rewriting the plan -----------------------------------------------------------------

@@ -10,9 +10,12 @@ import attrs
 
 from ..errors import CompileError
 from ..plan import Plan
+from .resources import size_text
 
 
-def plan_registers(plan: Plan, quota: int, quotas: Mapping[str, int] | None = None) -> Plan:
+def plan_registers(
+    plan: Plan, quota: int, quotas: Mapping[str, int] | None = None, max_memory: int | None = None
+) -> Plan:
     quotas = dict(quotas or {})
     names = {r.name for r in plan.registers if not r.is_parameter}
     unknown = sorted(set(quotas) - names)
@@ -31,4 +34,18 @@ def plan_registers(plan: Plan, quota: int, quotas: Mapping[str, int] | None = No
     memory: dict[str, int] = {}
     for r in registers:
         memory[r.device] = memory.get(r.device, 0) + r.nbytes * r.quota
+    for device, nbytes in sorted(memory.items()):
+        if max_memory is not None and nbytes > max_memory:
+            raise CompileError(_over_memory(registers, device, nbytes, max_memory))
     return attrs.evolve(plan, registers=registers, memory=memory)
+
+
+def _over_memory(registers, device: str, nbytes: int, max_memory: int) -> str:
+    mine = sorted((r for r in registers if r.device == device), key=lambda r: -r.nbytes * r.quota)
+    largest = ", ".join(
+        f"{r.name} {r.dtype}{list(r.shape)} x quota {r.quota} = {size_text(r.nbytes * r.quota)}" for r in mine[:3]
+    )
+    return (
+        f"{device} plans {size_text(nbytes)} ({nbytes} bytes) of registers x quota and parameters, more than "
+        f"max_memory {size_text(max_memory)}; the largest: {largest}. Lower the quotas, or give max_memory"
+    )

@@ -3,6 +3,8 @@ run as one kernel."""
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterable, Mapping, Sequence
+
 from ..dag import Edges, topological_order
 from ..plan import Plan
 from ..plan_check import data_edges, unit_of
@@ -34,12 +36,93 @@ def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:
     return {u: (latest[u], position[u]) for u in position}
 
 
-def descendants(edges: Edges) -> dict[int, int]:
-    """Unit -> bitset (a Python int) of the units reachable from it by a path of length >= 1."""
+def reach_bits(edges: Edges, sources: Iterable[int], bit: Mapping[int, int]) -> dict[int, int]:
+    """Source -> the OR of ``bit[v]`` over the nodes v in ``bit`` it reaches by a path of
+    length >= 1.
+
+    One sweep in reverse topological order carries, per node, the bits of what it
+    reaches, and drops them once every predecessor has read them: (n + m) big-int ORs as
+    wide as ``bit``'s bits, and only the sweep's frontier in memory (a bitset of every
+    node's descendants would grow as n squared on a deep graph)."""
+    wanted = set(sources)
+    readers = dict.fromkeys(edges, 0)
+    for u in edges:
+        for v in edges[u]:
+            readers[v] += 1
     reach: dict[int, int] = {}
+    found: dict[int, int] = {}
     for u in reversed(topological_order(edges)):
         bits = 0
         for v in edges[u]:
-            bits |= (1 << v) | reach[v]
+            bits |= reach[v] | bit.get(v, 0)
+            readers[v] -= 1
+            if not readers[v]:
+                del reach[v]
+        if u in wanted:
+            found[u] = bits
         reach[u] = bits
-    return reach
+    return found
+
+
+def reachable(edges: Edges, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """The pairs (u, v) with a path of length >= 1 from u to v (see ``reach_bits``)."""
+    pairs = list(pairs)
+    bit: dict[int, int] = {}
+    for _, v in pairs:
+        bit.setdefault(v, 1 << len(bit))
+    reach = reach_bits(edges, (u for u, _ in pairs), bit)
+    return {(u, v) for u, v in pairs if reach[u] & bit[v]}
+
+
+def reaches_any(edges: Edges, position: Mapping[int, int], start: int, targets: Container[int], bound: int, budget: int) -> bool | None:
+    """Whether ``start`` reaches one of ``targets`` (all at topological positions <= ``bound``)
+    by a path of length >= 1: a search that never leaves the window up to ``bound``, so
+    a question about near neighbours costs little on a deep graph. None once it has
+    visited ``budget`` nodes without an answer."""
+    stack = [v for v in edges[start] if position[v] <= bound]
+    seen = set(stack)
+    while stack:
+        v = stack.pop()
+        if v in targets:
+            return True
+        budget -= 1
+        if budget < 0:
+            return None
+        for w in edges[v]:
+            if w not in seen and position[w] <= bound:
+                seen.add(w)
+                stack.append(w)
+    return False
+
+
+class Contracted:
+    """The unit DAG with some sets of units merged into one (their first unit), and which
+    of the ``candidates`` (a bit each) each candidate reaches."""
+
+    def __init__(self, edges: dict[int, set[int]], candidates: Sequence[int]) -> None:
+        self.edges = {u: set(vs) for u, vs in edges.items()}
+        self.merged: dict[int, int] = {}
+        self.bit = {u: 1 << k for k, u in enumerate(candidates)}
+
+    def find(self, u: int) -> int:
+        while u in self.merged:
+            u = self.merged[u]
+        return u
+
+    def contract(self, units: Sequence[int]) -> None:
+        members = {self.find(u) for u in units}
+        head = self.find(units[0])
+        out: set[int] = set()
+        for u in members:
+            out |= self.edges.pop(u)
+        for u in members - {head}:
+            self.merged[u] = head
+        for u, vs in self.edges.items():
+            if vs & members:
+                self.edges[u] = (vs - members) | {head}
+        self.edges[head] = out - members
+
+    def reaches(self) -> dict[int, int]:
+        """Candidate -> the bits of the candidates it reaches (merged ones through their head)."""
+        heads = {u for u in self.bit if u not in self.merged}
+        return reach_bits(self.edges, heads, {u: self.bit[u] for u in heads})

@@ -13,31 +13,36 @@ from __future__ import annotations
 import attrs
 
 from ..plan import Consumer, Input, Plan, Register
-from .topology import data_edges, descendants, unit_of
+from .topology import data_edges, reachable, unit_of
 
 
 def order_updates(plan: Plan) -> Plan:
     unit = unit_of(plan)
-    reach = descendants(data_edges(plan))
+    updates = [a for a in plan.actors if a.kind == "update"]
+    readers = [
+        (c.actor, update.id)
+        for update in updates
+        for c in plan.registers[update.inputs[0].register].consumers
+        if c.actor != update.id
+    ]
+    ordered = reachable(data_edges(plan), {(unit[r], unit[u]) for r, u in readers})
     actors = list(plan.actors)
     registers = list(plan.registers)
-    for update in [a for a in plan.actors if a.kind == "update"]:
-        for c in plan.registers[update.inputs[0].register].consumers:
-            reader = actors[c.actor]
-            if reader.id == update.id or reach[unit[reader.id]] >> unit[update.id] & 1:
-                continue
-            target = actors[update.id]
-            reg = Register(
-                id=len(registers),
-                name=f"{reader.name}->{update.name}",
-                producer=reader.id,
-                device=reader.device,
-                shape=(0,),
-                dtype="bool",
-                consumers=(Consumer(update.id, len(target.inputs)),),
-                control=True,
-            )
-            registers.append(reg)
-            actors[reader.id] = attrs.evolve(reader, outputs=(*reader.outputs, reg.id))
-            actors[update.id] = attrs.evolve(target, inputs=(*target.inputs, Input(reg.id)))
+    for reader_id, update_id in readers:
+        if (unit[reader_id], unit[update_id]) in ordered:
+            continue
+        reader, update = actors[reader_id], actors[update_id]
+        reg = Register(
+            id=len(registers),
+            name=f"{reader.name}->{update.name}",
+            producer=reader.id,
+            device=reader.device,
+            shape=(0,),
+            dtype="bool",
+            consumers=(Consumer(update.id, len(update.inputs)),),
+            control=True,
+        )
+        registers.append(reg)
+        actors[reader.id] = attrs.evolve(reader, outputs=(*reader.outputs, reg.id))
+        actors[update.id] = attrs.evolve(update, inputs=(*update.inputs, Input(reg.id)))
     return attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers))

@@ -10,6 +10,11 @@ Where rates differ (micro-batching, see ``plan.Actor.every``), an input may be *
 a register taken at act n serves acts n .. n + hold - 1 and is released after the last;
 and an output may be *published every* p acts: the buffer taken at act n is written by
 acts n .. n + p - 1 and handed to consumers after the last.
+
+A participant of a reused communication subgraph makes ``calls`` acts per iteration,
+one per call site in a fixed order: act n is call n % calls, which reads only input
+n % calls and hands each output buffer only to that call's consumers (``call_consumers``:
+per output, the number of consumers of each call).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 class ActorState:
     __slots__ = (
         "ready", "free", "pending", "consumers", "quotas", "acts_left", "iteration", "max_held",
-        "holds", "periods", "uniform", "current_in", "current_out",
+        "holds", "periods", "uniform", "current_in", "current_out", "calls", "call_consumers",
     )
 
     def __init__(
@@ -32,6 +37,7 @@ class ActorState:
         consumers: Sequence[int],
         holds: Sequence[int] | None = None,
         periods: Sequence[int] | None = None,
+        call_consumers: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.ready: list[deque[tuple[int, Any]]] = [deque() for _ in range(n_inputs)]
         self.free: list[deque[int]] = [deque(range(q)) for q in quotas]
@@ -43,7 +49,9 @@ class ActorState:
         self.max_held = [0] * len(quotas)
         self.holds = list(holds or [1] * n_inputs)
         self.periods = list(periods or [1] * len(quotas))
-        self.uniform = all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
+        self.call_consumers = [list(c) for c in call_consumers or ()]
+        self.calls = len(self.call_consumers[0]) if self.call_consumers else 1
+        self.uniform = self.calls == 1 and all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
         self.current_in: list[tuple[int, Any] | None] = [None] * n_inputs
         self.current_out = [0] * len(quotas)
 
@@ -52,24 +60,31 @@ class ActorState:
             return False
         if self.uniform:
             return all(self.ready) and all(self.free)
+        if self.calls > 1:
+            return bool(self.ready[self.iteration % self.calls]) and all(self.free)
         n = self.iteration
         return all(q or n % h for q, h in zip(self.ready, self.holds)) and all(
             pool or n % p for pool, p in zip(self.free, self.periods)
         )
 
-    def take(self) -> tuple[int, list[tuple[int, Any]], list[int]]:
+    def take(self) -> tuple[int, list[tuple[int, Any] | None], list[int]]:
         """Consume one ready register per input and one credit per output (or keep using
         the held ones, see the module's docstring).
 
-        Returns (iteration, [(buffer, event) per input], [buffer per output]). An output
+        Returns (iteration, [(buffer, event) per input], [buffer per output]); a reused
+        subgraph's act takes only its call's input, the others are None. An output
         nobody consumes gets its credit back at once: the next write to it comes later on
         the same stream.
         """
         iteration = self.iteration
         self.iteration += 1
         self.acts_left -= 1
+        ins: list[tuple[int, Any] | None]
         if self.uniform:
             ins = [q.popleft() for q in self.ready]
+        elif self.calls > 1:
+            call = iteration % self.calls
+            ins = [q.popleft() if k == call else None for k, q in enumerate(self.ready)]
         else:
             ins = []
             for k, q in enumerate(self.ready):
@@ -87,8 +102,9 @@ class ActorState:
             held = self.quotas[k] - len(pool)
             if held > self.max_held[k]:
                 self.max_held[k] = held
-            if self.consumers[k]:
-                self.pending[k][index] = self.consumers[k]
+            consumers = self.call_consumers[k][iteration % self.calls] if self.calls > 1 else self.consumers[k]
+            if consumers:
+                self.pending[k][index] = consumers
             else:
                 pool.append(index)
             self.current_out[k] = index
@@ -97,6 +113,8 @@ class ActorState:
 
     def releases(self, slot: int, iteration: int) -> bool:
         """Whether act ``iteration`` is the last to use the register of input ``slot``."""
+        if self.calls > 1:
+            return slot == iteration % self.calls
         return iteration % self.holds[slot] == self.holds[slot] - 1
 
     def publishes(self, out: int, iteration: int) -> bool:
@@ -120,6 +138,9 @@ class ActorState:
     def lacking(self) -> tuple[list[int], list[int]]:
         """(inputs with nothing ready, outputs with no credit): what keeps it from acting."""
         n = self.iteration
+        if self.calls > 1:
+            call = n % self.calls
+            return ([call] if not self.ready[call] else []), [k for k, pool in enumerate(self.free) if not pool]
         inputs = [k for k, q in enumerate(self.ready) if not q and n % self.holds[k] == 0]
         outputs = [k for k, pool in enumerate(self.free) if not pool and n % self.periods[k] == 0]
         return inputs, outputs

@@ -42,11 +42,19 @@ def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
     return tuple(sorted({plan.rank_of(plan.actors[a].device) for a in coll.actors}))
 
 
+def channel_of(plan: Plan, coll: Collective) -> tuple[tuple[str, ...], int]:
+    """The communicator a collective over ranks runs on: one per collective stream of its
+    group (the group's devices, the stream's channel), the same on every rank, since
+    collectives on one communicator must start in the same order everywhere."""
+    stream = plan.streams[plan.actors[coll.actors[0]].stream]
+    return stream.group, stream.channel
+
+
 def across_ranks(plan: Plan, coll: Collective, rank: int, transport: Transport) -> Callable[[list, list], Any]:
     """The kernel this rank's participants of ``coll`` run, for a collective over ranks."""
     actors = [plan.actors[a] for a in coll.actors]
     group = ranks_of(plan, coll)
-    comm = transport.groups[group]
+    comm = transport.groups[channel_of(plan, coll)]
     first = actors[0]
     if first.op == "all_reduce":
         return functools.partial(first.kernel, **first.attrs, across=Across(transport, comm, len(actors)))
@@ -63,8 +71,10 @@ class _Gathering:
         self.transport = transport
         self.comm = comm
         self.local = [plan.rank_of(a.device) == rank for a in actors]
+        # a reused subgraph's call reads one of its inputs, all of one shape and dtype
         self.inputs = [
-            [plan.registers[i.register] for i in a.inputs if not plan.registers[i.register].control] for a in actors
+            [plan.registers[i.register] for i in a.inputs[: 1 if a.calls > 1 else None] if not plan.registers[i.register].control]
+            for a in actors
         ]
         self.n_outputs = [len(a.outputs) for a in actors]
         owner = [plan.rank_of(a.device) for a in actors]

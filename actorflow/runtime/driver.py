@@ -45,14 +45,16 @@ class InputSpec:
 
 class OutputSpec:
     """``consumers``: (member, input slot, early) where early = ready at launch, not completion.
-    ``control``: an order-only register, never handed to the kernel."""
+    ``control``: an order-only register, never handed to the kernel. ``calls``: for a
+    reused communication subgraph, the call each consumer reads (see ``ActorState``)."""
 
-    __slots__ = ("buffers", "consumers", "control")
+    __slots__ = ("buffers", "consumers", "control", "calls")
 
-    def __init__(self, buffers: list, consumers: list, control: bool = False) -> None:
+    def __init__(self, buffers: list, consumers: list, control: bool = False, calls: list | None = None) -> None:
         self.buffers = buffers
         self.consumers = consumers
         self.control = control
+        self.calls = calls
 
 
 class Member:
@@ -215,6 +217,8 @@ class Driver:
                 if spec.param is not None:
                     ins.append(spec.param)
                     continue
+                if ready[spec.slot] is None:  # another call's input (a reused subgraph)
+                    continue
                 index, event = ready[spec.slot]
                 if not spec.control:
                     ins.append(spec.buffers[index])
@@ -250,7 +254,9 @@ class Driver:
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
                 if not m.state.uniform and not m.state.publishes(k, iteration):
                     continue
-                for consumer, slot, early in output.consumers:
+                for n, (consumer, slot, early) in enumerate(output.consumers):
+                    if output.calls is not None and output.calls[n] != iteration % m.state.calls:
+                        continue
                     if early:
                         self._send_ready(consumer, slot, index, event)
                     else:

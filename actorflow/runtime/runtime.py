@@ -31,7 +31,7 @@ from ..plan import Actor, Plan, transfer_peers
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .actor_state import ActorState
 from .blas import single_threaded_blas
-from .collectives import across_ranks, ranks_of
+from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
 from .executor import StreamExecutor, post
@@ -180,6 +180,7 @@ class Runtime:
                 [len(plan.registers[o].consumers) for o in actor.outputs],
                 holds=[_hold(plan, actor, actor.inputs[k]) for k in self._protocol[actor.id]],
                 periods=periods,
+                call_consumers=_call_consumers(plan, actor),
             )
             phases = max([p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1)
             self._members[actor.id] = Member(actor, state, phases)
@@ -264,7 +265,8 @@ class Runtime:
                 )
                 for c in reg.consumers
             ]
-            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control))
+            calls = [c.call for c in reg.consumers] if actor.calls > 1 else None
+            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control, calls))
 
     def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> Unit:
         first = actors[0]
@@ -322,7 +324,7 @@ class Runtime:
             self._done = trio.Event()
             self._running = True
             for member in self._members.values():
-                acts = len(arrays) // member.actor.every
+                acts = len(arrays) // member.actor.every * member.actor.calls
                 member.state.acts_left += acts
                 self._remaining += acts
             for driver in self._drivers:
@@ -365,8 +367,11 @@ class Runtime:
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
+        call, act = act % actor.calls, act // actor.calls
         args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": act * every // m, "act": act}
         args |= self._span_args[actor.id]
+        if actor.calls > 1:
+            args["call"] = call
         if m > 1 and every == 1:
             args["micro_batch"] = act % m
         if taken[0]:
@@ -390,7 +395,8 @@ class Runtime:
         on_rank = f" on rank {self.rank}" if self._transport is not None else ""
         exc.add_note(
             f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r}{on_rank} "
-            f"at iteration {iteration - self._base} of this run ({iteration} since the runtime opened); "
+            f"at {_act_text(actor, iteration, self._base)} of this run "
+            f"({iteration // actor.calls} since the runtime opened); "
             f"the op was built at {actor.where}"
         )
         self.fail(exc)
@@ -519,7 +525,7 @@ class Runtime:
                 continue
             stream = plan.streams[actor.stream].name
             lines.append(
-                f"  {actor.name} on {stream}, iteration {state.iteration - self._base}: "
+                f"  {actor.name} on {stream}, {_act_text(actor, state.iteration, self._base)}: "
                 + ("; ".join(lacking(plan, member)) or "can act, waiting for its turn")
             )
         for driver in self._drivers:
@@ -633,10 +639,29 @@ def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
     return result
 
 
-def _groups(plan: Plan) -> list[tuple[int, ...]]:
-    """The groups of ranks that run collectives together, in plan order."""
-    groups = (ranks_of(plan, c) for c in plan.collectives)
-    return list(dict.fromkeys(g for g in groups if len(g) > 1))
+def _act_text(actor: Actor, act: int, base: int) -> str:
+    """An actor's act as people count it: the iteration (from ``base``) and, for a reused
+    communication subgraph, which call of it."""
+    if actor.calls == 1:
+        return f"iteration {act - base}"
+    return f"iteration {act // actor.calls - base}, call {act % actor.calls}"
+
+
+def _call_consumers(plan: Plan, actor: Actor) -> list[list[int]] | None:
+    """Per output of a reused communication subgraph's participant, its consumers per call."""
+    if actor.calls == 1:
+        return None
+    counts = [[0] * actor.calls for _ in actor.outputs]
+    for k, o in enumerate(actor.outputs):
+        for c in plan.registers[o].consumers:
+            counts[k][c.call] += 1
+    return counts
+
+
+def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:
+    """(communicator key, ranks) for each collective stream that spans ranks, in plan order."""
+    groups = ((channel_of(plan, c), ranks_of(plan, c)) for c in plan.collectives)
+    return list(dict.fromkeys(g for g in groups if len(g[1]) > 1))
 
 
 def _digest(plan: Plan) -> bytes:

@@ -126,9 +126,13 @@ class _Chain:
     def _producer(self, member: Member, slot: int) -> _Step:
         """The producer of input ``slot``: its act that makes the register ``member`` needs was
         launched (the register is ready when that kernel finishes), or not yet."""
-        producer = fed_inputs(member)[slot].producer
+        spec = fed_inputs(member)[slot]
+        producer = spec.producer
         every = member.actor.every
-        needed = (member.state.iteration * every + every - 1) // producer.actor.every
+        needed = (member.state.iteration // member.actor.calls * every + every - 1) // producer.actor.every
+        if producer.actor.calls > 1:  # a reused subgraph's act for the call this input reads
+            reg = self.plan.registers[producer.actor.outputs[spec.out]]
+            needed = needed * producer.actor.calls + next(c.call for c in reg.consumers if c.actor == member.actor.id)
         return producer, (_Look.KERNEL if producer.state.iteration > needed else _Look.WAIT)
 
     def _holder(self, member: Member, out: int) -> _Step:

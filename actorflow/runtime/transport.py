@@ -41,7 +41,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import trio
@@ -91,7 +91,7 @@ class Transport:
         self.peers = [r for r in range(world) if r != self.rank]
         self.data: Any = None
         self.control: Any = None
-        self.groups: dict[tuple[int, ...], Any] = {}
+        self.groups: dict[Hashable, Any] = {}
         self.on_failure: Callable[[RankError], None] = lambda exc: None
         self.on_query: Callable[[int, bytes], None] = lambda rank, payload: None
         self.on_reply: Callable[[bytes], None] = lambda payload: None
@@ -101,10 +101,10 @@ class Transport:
         self._dirty: set[CommExecutor] = set()
         self.thread = threading.Thread(target=self._loop, name=f"rank{self.rank}/transport", daemon=True)
 
-    async def connect(self, groups: Sequence[tuple[int, ...]], digest: bytes) -> None:
+    async def connect(self, groups: Sequence[tuple[Hashable, tuple[int, ...]]], digest: bytes) -> None:
         """Meet every other rank: communicators for the data, the control messages and each
-        group of ranks that runs collectives together, and a check that all ranks hold
-        the same plan. Every rank opens its Runtimes in the same order."""
+        (key, group of ranks) that runs collectives together, and a check that all ranks
+        hold the same plan. Every rank opens its Runtimes in the same order."""
         MPI = self.MPI
         joined = MPI.COMM_WORLD.Ibarrier()
         deadline = time.monotonic() + JOIN_TIMEOUT
@@ -121,10 +121,10 @@ class Transport:
             backoff = min(2 * backoff, 0.01)
         self.data = MPI.COMM_WORLD.Dup()
         self.control = MPI.COMM_WORLD.Dup()
-        for group in groups:
+        for key, group in groups:
             comm = self.data.Split(0 if self.rank in group else MPI.UNDEFINED, self.rank)
             if self.rank in group:
-                self.groups[group] = comm
+                self.groups[key] = comm
         digests = self.control.allgather(digest)
         odd = [r for r, d in enumerate(digests) if d != digests[0]]
         if odd:

@@ -1,0 +1,45 @@
+"""The device resource model: how many streams a rank may run, how many collectives a
+collective stream may carry, how many labels the calls of reused communication subgraphs
+may take, and how many bytes a device may plan. Defaults are generous for CPU runs;
+``max_memory`` defaults to the memory this machine has available."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import CompileError
+from ..plan import Resources
+
+
+def resources(max_streams: int, max_ops_per_stream: int, max_labels: int, max_memory: int | None) -> Resources:
+    """The limits ``compile`` was given, checked (each an int >= 1)."""
+    limits = {"max_streams": max_streams, "max_ops_per_stream": max_ops_per_stream, "max_labels": max_labels}
+    if max_memory is not None:
+        limits["max_memory"] = max_memory
+    for name, value in limits.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CompileError(f"{name}: an int >= 1, got {value!r}")
+    memory = available_memory() if max_memory is None else max_memory
+    return Resources(max_streams, max_ops_per_stream, max_labels, memory)
+
+
+def available_memory() -> int:
+    """Bytes this machine can still give (MemAvailable on Linux, else free pages)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes for people: 1536 -> '1.5 KiB'."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"

@@ -1,0 +1,279 @@
+"""reuse communication subgraphs (MindSpore's MS_COMM_COMPILER_OPT, seed 001): collectives
+with the same key (op, shapes and dtypes, communication group, attributes such as the
+reduce op, rate) form a group; a group with more collectives than one stream carries
+(``max_ops_per_stream``) becomes one communication subgraph, a single collective with a
+stream of its own that every call site invokes in one fixed order (the collective
+order), its output register shared by the call sites instead of one set each.
+
+Off unless turned on: by ``ACTORFLOW_COMM_REUSE`` (the variable wins when set) or the
+``comm_reuse`` option, with MS_COMM_COMPILER_OPT's meaning: -1 on with the default limit
+of 1000 reused operators, a positive integer on with that limit, unset off, 0 or
+another negative number off with a warning, anything else a CompileError.
+
+A call site joins its group's subgraph only if no other call of it reaches it or is
+reached by it through data, counting the subgraphs already made as one unit each (so
+the plan stays a DAG of units, as with fusion); the others stay as they are, and a
+subgraph that would not leave its group fewer streams is not made. Each call
+takes one label, and each subgraph one more (its entry): past ``max_labels`` is a
+CompileError. The shared register gets as many buffers as calls can hold at once: the
+buffer of call i stays held until every consumer of it has run, which may wait on
+later calls (through data, or the collective order).
+
+In the Plan a subgraph is one participant per device with ``calls`` = its call sites:
+act n is call n % calls, reading input n % calls; the shared register's consumers say
+which call they read (``Consumer.call``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import attrs
+
+from ..errors import CompileError
+from ..plan import Collective, Consumer, Input, Plan
+from .topology import Contracted, data_edges, reach_bits, unit_of
+
+ENV = "ACTORFLOW_COMM_REUSE"
+DEFAULT_LIMIT = 1000
+log = logging.getLogger("actorflow.compiler")
+
+
+def reuse_limit(option: int | None) -> int:
+    """How many collectives may be reused; 0: reuse is off. ``ACTORFLOW_COMM_REUSE`` wins
+    over the ``comm_reuse`` option when set."""
+    raw = os.environ.get(ENV)
+    if raw is not None:
+        source = ENV
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise CompileError(
+                f"{ENV}={raw!r} is not an integer: -1 turns communication subgraph reuse on with the default "
+                f"limit of {DEFAULT_LIMIT} operators, a positive integer on with that limit; unset it for off"
+            ) from None
+    elif option is None:
+        return 0
+    elif not isinstance(option, int) or isinstance(option, bool):
+        raise CompileError(f"comm_reuse: an int (-1, or a positive limit) or None, got {option!r}")
+    else:
+        source, value = "comm_reuse", option
+    if value == -1:
+        return DEFAULT_LIMIT
+    if value > 0:
+        return value
+    log.warning("%s=%d: communication subgraph reuse stays off (-1 or a positive integer turns it on)", source, value)
+    return 0
+
+
+def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int) -> tuple[Plan, dict[str, int]]:
+    """The plan with its communication subgraphs, and the least quota of each shared register."""
+    if not limit:
+        return plan, {}
+    log.info("MAX_COMM_OP_REUSE_NUM: %d", limit)
+    groups: dict[tuple, list[Collective]] = {}
+    for coll in plan.collectives:
+        key = _key(plan, coll)
+        if key is not None:
+            groups.setdefault(key, []).append(coll)
+    unit = unit_of(plan)
+    candidates = [unit[c.actors[0]] for members in groups.values() for c in members]
+    graph = Contracted(data_edges(plan), candidates)
+    subgraphs: list[list[Collective]] = []
+    left = limit
+    for members in groups.values():
+        if len(members) <= max_ops_per_stream or left < 2:
+            continue
+        reach = graph.reaches()
+        calls: list[Collective] = []
+        inside = below = 0
+        for coll in members:
+            u = graph.find(unit[coll.actors[0]])
+            if reach[u] & inside or below & graph.bit[u]:
+                continue
+            calls.append(coll)
+            inside |= graph.bit[u]
+            below |= reach[u]
+            if len(calls) == left:
+                break
+        streams_left = 1 + -(-(len(members) - len(calls)) // max_ops_per_stream)
+        if len(calls) > 1 and streams_left < -(-len(members) // max_ops_per_stream):
+            graph.contract([unit[c.actors[0]] for c in calls])
+            subgraphs.append(calls)
+            left -= len(calls)
+            first = plan.actors[calls[0].actors[0]]
+            log.info(
+                "Start reuse comm_subgraph_%d: %d calls of %s %s over %s",
+                len(subgraphs) - 1, len(calls), calls[0].op, plan.registers[first.outputs[0]].shape,
+                ",".join(plan.actors[a].device for a in calls[0].actors),
+            )
+    reused = sum(len(calls) for calls in subgraphs)
+    labels = reused + len(subgraphs)
+    log.info("Reuse comm op reused_comm_sub_graphs_ size: %d", reused)
+    log.info("Label list size: %d", labels)
+    if labels > max_labels:
+        raise CompileError(
+            f"communication subgraph reuse takes {labels} labels ({reused} calls of {len(subgraphs)} subgraphs: "
+            f"one a call, one a subgraph), more than max_labels={max_labels}: lower the reuse limit "
+            f"(comm_reuse or {ENV}, now {limit} operators), or raise max_labels"
+        )
+    if not subgraphs:
+        return plan, {}
+    floors = _held_at_once(plan, subgraphs)
+    return attrs.evolve(_rewrite(plan, subgraphs), labels=labels), floors
+
+
+def _key(plan: Plan, coll: Collective) -> tuple | None:
+    """What a call site of a subgraph must share with the others, or None if it can't be one:
+    every participant reads one register some actor makes and writes one data register."""
+    participants = [plan.actors[a] for a in coll.actors]
+    shapes = []
+    for p in participants:
+        if len(p.inputs) != 1 or len(p.outputs) != 1:
+            return None
+        source, result = plan.registers[p.inputs[0].register], plan.registers[p.outputs[0]]
+        if source.is_parameter or result.control:
+            return None
+        shapes.append((source.shape, source.dtype, result.shape, result.dtype))
+    first = participants[0]
+    attributes = tuple(sorted((k, repr(v)) for k, v in first.attrs.items()))
+    return (coll.op, first.op, tuple(p.device for p in participants), tuple(shapes), attributes, first.every)
+
+
+def _held_at_once(plan: Plan, subgraphs: list[list[Collective]]) -> dict[str, int]:
+    """Per shared register (named as ``_rewrite`` names it), the most calls of one
+    iteration whose buffers can be held at once: call i's buffer is free again only once
+    each of its consumers has run, and a consumer may wait on a later call of the same
+    subgraph, through data or the collective order (which every collective stream keeps
+    a part of); so call i holds its buffer up to the latest call its consumers wait on."""
+    unit = unit_of(plan)
+    edges: dict[int, set[int]] = {u: set() for u in data_edges(plan)}
+    for u, vs in data_edges(plan).items():
+        for v in vs:
+            edges[v].add(u)  # reversed: a node's bits are the calls it waits on
+    for earlier, later in zip(plan.collectives, plan.collectives[1:]):
+        edges[unit[later.actors[0]]].add(unit[earlier.actors[0]])
+    floors = {}
+    for s, calls in enumerate(subgraphs):
+        bit = {unit[c.actors[0]]: 1 << i for i, c in enumerate(calls)}
+        readers = {
+            (i, unit[c.actor])
+            for i, coll in enumerate(calls)
+            for c in plan.registers[plan.actors[coll.actors[0]].outputs[0]].consumers
+        }
+        waits = reach_bits(edges, {r for _, r in readers}, bit)
+        until = list(range(len(calls)))
+        for i, reader in readers:
+            until[i] = max(until[i], waits[reader].bit_length() - 1)
+        change = [0] * (len(calls) + 1)
+        for i, last in enumerate(until):
+            change[i] += 1
+            change[last + 1] -= 1
+        held = running = 0
+        for step in change:
+            running += step
+            held = max(held, running)
+        for a in calls[0].actors:
+            floors[f"{_name(s)}[{plan.actors[a].device}]"] = held
+    return floors
+
+
+def _name(subgraph: int) -> str:
+    return f"comm_subgraph_{subgraph}"
+
+
+def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
+    """Each subgraph's first call becomes the subgraph (its participants read every call's
+    input and write the first call's register, now shared); the other calls' actors,
+    registers and collectives go, and ids are renumbered to stay equal to indexes."""
+    actors = list(plan.actors)
+    registers = list(plan.registers)
+    dead_actors: set[int] = set()
+    dead_registers: set[int] = set()
+    dead_collectives: set[int] = set()
+    renamed: dict[int, str] = {}
+    for s, calls in enumerate(subgraphs):
+        renamed[calls[0].id] = _name(s)
+        dead_collectives.update(c.id for c in calls[1:])
+        for d, head_id in enumerate(calls[0].actors):
+            head = actors[head_id]
+            shared = head.outputs[0]
+            consumers: list[Consumer] = []
+            inputs = []
+            for j, coll in enumerate(calls):
+                call = actors[coll.actors[d]]
+                source = call.inputs[0].register
+                registers[source] = attrs.evolve(
+                    registers[source],
+                    consumers=tuple(
+                        Consumer(head_id, j, c.call) if c.actor == call.id else c for c in registers[source].consumers
+                    ),
+                )
+                inputs.append(Input(source))
+                out = registers[call.outputs[0]]
+                consumers.extend(Consumer(c.actor, c.slot, j) for c in out.consumers)
+                if j:
+                    dead_actors.add(call.id)
+                    dead_registers.add(out.id)
+                    for c in out.consumers:
+                        reader = actors[c.actor]
+                        ins = list(reader.inputs)
+                        ins[c.slot] = attrs.evolve(ins[c.slot], register=shared)
+                        actors[c.actor] = attrs.evolve(reader, inputs=tuple(ins))
+            name = f"{_name(s)}[{head.device}]"
+            registers[shared] = attrs.evolve(registers[shared], name=name, consumers=tuple(consumers))
+            actors[head_id] = attrs.evolve(actors[head_id], name=name, inputs=tuple(inputs), calls=len(calls))
+    collectives = [
+        attrs.evolve(c, name=renamed.get(c.id, c.name)) for c in plan.collectives if c.id not in dead_collectives
+    ]
+    return _renumber(attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers)), collectives,
+                     dead_actors, dead_registers)
+
+
+def _renumber(plan: Plan, collectives: list[Collective], dead_actors: set[int], dead_registers: set[int]) -> Plan:
+    actor_id = _compact(len(plan.actors), dead_actors)
+    register_id = _compact(len(plan.registers), dead_registers)
+    group_of = {c.id: k for k, c in enumerate(collectives)}
+    actors = tuple(
+        attrs.evolve(
+            a,
+            id=actor_id[a.id],
+            inputs=tuple(Input(register_id[i.register], i.sync) for i in a.inputs),
+            outputs=tuple(register_id[o] for o in a.outputs),
+            group=group_of.get(a.group, -1),
+        )
+        for a in plan.actors
+        if a.id not in dead_actors
+    )
+    registers = tuple(
+        attrs.evolve(
+            r,
+            id=register_id[r.id],
+            producer=actor_id.get(r.producer, r.producer),
+            consumers=tuple(Consumer(actor_id[c.actor], c.slot, c.call) for c in r.consumers),
+        )
+        for r in plan.registers
+        if r.id not in dead_registers
+    )
+    return attrs.evolve(
+        plan,
+        actors=actors,
+        registers=registers,
+        collectives=tuple(
+            attrs.evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors)) for k, c in enumerate(collectives)
+        ),
+        feeds=tuple(attrs.evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
+        outputs=tuple(attrs.evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),
+        parameters=tuple(attrs.evolve(p, register=register_id[p.register]) for p in plan.parameters),
+    )
+
+
+def _compact(n: int, dead: set[int]) -> Mapping[int, int]:
+    """Old id -> new id, for the ids below ``n`` that are not ``dead``."""
+    new: dict[int, int] = {}
+    for old in range(n):
+        if old not in dead:
+            new[old] = len(new)
+    return new

@@ -1,0 +1,80 @@
+"""Compile time against size: a deep data-parallel MLP on 4 devices (batch S(0), weights
+B, SGD, the default gradient fusion) compiled at about 1k, 10k and 100k actors. Prints
+actors, collectives, the graph's build time, compile time (median of --repeats) and
+compile time per actor, which should stay flat: every pass is linear in actors and
+edges (reachability questions cost a big-int OR per edge, as wide as the questions).
+
+Run: python benchmarks/compile_time.py [--actors 1000 10000 100000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+import actorflow as af
+from actorflow.text import columns
+
+DEVICES = [f"cpu:{k}" for k in range(4)]
+ACTORS_PER_LAYER = 28  # per layer of the 4-device MLP with fusion on: fit by layers()
+
+
+def deep_mlp(layers: int, width: int = 8, batch: int = 8, devices: list[str] = DEVICES) -> af.Graph:
+    """``layers`` of tanh(h @ w), data-parallel over ``devices``: one gradient all-reduce
+    per layer, all with the same key (op, shape, dtype, group, reduce op)."""
+    rng = np.random.default_rng(0)
+    with af.Graph() as g:
+        x = af.placeholder("x", (batch, width), "float32", devices, af.S(0))
+        y = af.placeholder("y", (batch, width), "float32", devices, af.S(0))
+        h = x
+        for k in range(layers):
+            w = af.parameter(f"w{k}", (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), devices, af.B)
+            h = af.ops.tanh(af.ops.matmul(h, w))
+        loss = af.ops.mse_loss(h, y)
+        af.minimize(loss, af.optim.SGD(lr=0.01))
+        af.output("loss", loss)
+    return g
+
+
+def layers_for(actors: int) -> int:
+    return max(1, round(actors / ACTORS_PER_LAYER))
+
+
+def time_compile(graph: af.Graph, repeats: int, **options) -> tuple[af.Plan, float]:
+    times, plan = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan = af.compile(graph, **options)
+        times.append(time.perf_counter() - start)
+    return plan, statistics.median(times)
+
+
+def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
+    rows = [("target actors", "layers", "actors", "collectives", "build s", "compile s", "us per actor")]
+    for target in sizes:
+        layers = layers_for(target)
+        start = time.perf_counter()
+        graph = deep_mlp(layers)
+        build = time.perf_counter() - start
+        plan, seconds = time_compile(graph, repeats)
+        rows.append((
+            str(target), str(layers), str(len(plan.actors)), str(len(plan.collectives)),
+            f"{build:.2f}", f"{seconds:.2f}", f"{seconds / len(plan.actors) * 1e6:.1f}",
+        ))
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--actors", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--repeats", type=int, default=3, help="compiles per size; the median is printed")
+    args = p.parse_args()
+    print(f"compile time, deep data-parallel MLP on {len(DEVICES)} devices, median of {args.repeats}")
+    print("\n".join(columns(compile_table(args.actors, args.repeats))))
+
+
+if __name__ == "__main__":
+    main()
