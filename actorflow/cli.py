@@ -55,7 +55,9 @@ def parser() -> argparse.ArgumentParser:
     _config_arguments(run)
     run.add_argument("--steps", type=_positive, help="override train.steps")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome trace there (overrides output.trace)")
-    run.add_argument("--metrics", metavar="PATH", help="write the results as JSON there (overrides output.metrics)")
+    run.add_argument(
+        "--metrics", metavar="PATH", help="write the results as JSON there (overrides output.metrics)"
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar or per-step loss")
 
     comp = sub.add_parser(
@@ -68,13 +70,18 @@ def parser() -> argparse.ArgumentParser:
     _config_arguments(comp)
     view = comp.add_mutually_exclusive_group()
     view.add_argument(
-        "--dump", action="store_true",
+        "--dump",
+        action="store_true",
         help="every actor with its stream, priority, inputs and outputs (quota, consumers); "
         "events; collective order; planned memory per device",
     )
-    view.add_argument("--dot", action="store_true", help="the actor graph as Graphviz text, streams as clusters")
+    view.add_argument(
+        "--dot", action="store_true", help="the actor graph as Graphviz text, streams as clusters"
+    )
     comp.add_argument(
-        "--ranks", type=_positive, metavar="N",
+        "--ranks",
+        type=_positive,
+        metavar="N",
         help="plan for N ranks (processes), the devices spread over them in order; "
         "default: as many as the launcher started, else 1",
     )
@@ -100,17 +107,27 @@ examples:
   mpiexec -n 2 actorflow run configs/2x2.yaml
       plain mpiexec -n N works too, without the prefixes, the exit status and the cleanup""",
     )
-    launch.add_argument("-n", dest="ranks", metavar="N", type=_positive, required=True, help="number of ranks")
     launch.add_argument(
-        "--hostfile", metavar="FILE",
+        "-n", dest="ranks", metavar="N", type=_positive, required=True, help="number of ranks"
+    )
+    launch.add_argument(
+        "--hostfile",
+        metavar="FILE",
         help="run across the hosts listed there (mpiexec -f FILE) instead of the loopback defaults",
     )
     launch.add_argument(
-        "--mpiexec-arg", dest="mpiexec_args", metavar="ARG", action="append", default=[],
+        "--mpiexec-arg",
+        dest="mpiexec_args",
+        metavar="ARG",
+        action="append",
+        default=[],
         help="pass ARG to mpiexec, e.g. --mpiexec-arg=-verbose (repeatable)",
     )
     launch.add_argument(
-        "argv", metavar="COMMAND", nargs=argparse.REMAINDER, help="the command each rank runs, after an optional --"
+        "argv",
+        metavar="COMMAND",
+        nargs=argparse.REMAINDER,
+        help="the command each rank runs, after an optional --",
     )
     add_trace_commands(sub)
     return p
@@ -119,7 +136,11 @@ examples:
 def _config_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", metavar="CONFIG", help="the run's YAML config, e.g. configs/default.yaml")
     p.add_argument(
-        "--set", dest="overrides", metavar="PATH=VALUE", action="append", default=[],
+        "--set",
+        dest="overrides",
+        metavar="PATH=VALUE",
+        action="append",
+        default=[],
         help="override a config value, e.g. --set parallel.micro_batches=8 (repeatable)",
     )
 
@@ -194,7 +215,9 @@ def _run(config, args) -> int:
     metrics_path = args.metrics or config.output.metrics
     lead = this_rank() == 0  # under a launcher, rank 0 alone reports
     quiet = args.quiet or not lead
-    bar = tqdm(total=config.train.steps, unit="step", disable=quiet or not sys.stderr.isatty(), file=sys.stderr)
+    bar = tqdm(
+        total=config.train.steps, unit="step", disable=quiet or not sys.stderr.isatty(), file=sys.stderr
+    )
 
     def on_step(step: int, loss: float) -> None:
         bar.update()

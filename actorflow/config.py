@@ -176,6 +176,7 @@ class Config:
 def balanced(costs: Sequence[int], parts: int) -> tuple[int, ...]:
     """Cut ``costs`` into ``parts`` non-empty runs, minimising the largest run's sum;
     returns the run lengths (ties: the earliest cuts)."""
+
     @functools.cache
     def best(start: int, left: int) -> tuple[int, tuple[int, ...]]:
         if left == 1:
@@ -446,7 +447,11 @@ def _fraction(path: str, value: float) -> None:
 
 def _check_values(config: Config) -> None:
     model, data, train, parallel, runtime = (
-        config.model, config.data, config.train, config.parallel, config.runtime
+        config.model,
+        config.data,
+        config.train,
+        config.parallel,
+        config.runtime,
     )
     if len(model.sizes) < 2:
         raise _fail("model.sizes", f"expected at least 2 sizes (input and output), got {list(model.sizes)}")
@@ -511,7 +516,9 @@ def _check_stages(parallel: ParallelConfig, layers: int) -> None:
     if not stages:
         raise _fail("parallel.stages", "expected at least one stage")
     if len(stages) > layers:
-        raise _fail("parallel.stages", f"{len(stages)} stages but model.sizes has only {_count(layers, 'layer')}")
+        raise _fail(
+            "parallel.stages", f"{len(stages)} stages but model.sizes has only {_count(layers, 'layer')}"
+        )
     wanted = "one device" if replicas == 1 else f"a list of {replicas} devices, one per replica"
     first_use: dict[str, int] = {}
     for i, stage in enumerate(stages):
@@ -520,7 +527,9 @@ def _check_stages(parallel: ParallelConfig, layers: int) -> None:
             raise _fail(path, f"expected {wanted} (parallel.data_parallel is {replicas}), got {list(stage)}")
         for device in stage:
             if device in first_use:
-                raise _fail(path, f"device {device!r} is used twice (first in parallel.stages[{first_use[device]}])")
+                raise _fail(
+                    path, f"device {device!r} is used twice (first in parallel.stages[{first_use[device]}])"
+                )
             first_use[device] = i
 
 
@@ -531,4 +540,6 @@ def _check_partition(parallel: ParallelConfig, layers: int) -> None:
     if len(partition) != stages:
         raise _fail("parallel.partition", f"expected one entry per stage ({stages}), got {list(partition)}")
     if sum(partition) != layers:
-        raise _fail("parallel.partition", f"sums to {sum(partition)} but model.sizes has {_count(layers, 'layer')}")
+        raise _fail(
+            "parallel.partition", f"sums to {sum(partition)} but model.sizes has {_count(layers, 'layer')}"
+        )

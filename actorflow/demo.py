@@ -58,7 +58,9 @@ def main(iterations: int, batch: int, width: int, quota: int, trace: str | None)
             session.recorder.write(trace)
     error = max(float(np.abs(o["y"] - reference(f["x"])).max()) for o, f in zip(outputs, feeds))
     print(f"\nran {iterations} iterations (batch {batch}, width {width}, quota {quota})")
-    print(f"  y: float32{list(outputs[-1]['y'].shape)}, rows sum to {outputs[-1]['y'].sum(axis=1).mean():.6f}")
+    print(
+        f"  y: float32{list(outputs[-1]['y'].shape)}, rows sum to {outputs[-1]['y'].sum(axis=1).mean():.6f}"
+    )
     print(f"  max |actorflow - numpy| = {error:.2e}")
     print(f"  {elapsed * 1e3:.1f} ms in all, {elapsed / iterations * 1e3:.2f} ms per iteration")
     held = max(s["max_held"] for s in stats.values())

@@ -83,8 +83,16 @@ def mpiexec_command(
     else:
         where = ("-f", hostfile)
     argv = [
-        mpiexec, *where, "-disable-auto-cleanup", "-print-all-exitcodes",
-        "-prepend-pattern", "\x1f%r\x1e", *extra, "-n", str(n), *command,
+        mpiexec,
+        *where,
+        "-disable-auto-cleanup",
+        "-print-all-exitcodes",
+        "-prepend-pattern",
+        "\x1f%r\x1e",
+        *extra,
+        "-n",
+        str(n),
+        *command,
     ]
     return argv, env
 
@@ -115,8 +123,11 @@ def launch(
     old = forward.install()
     try:
         proc = subprocess.Popen(
-            argv, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True,
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
         forward.attach(proc)
         width, texts = len(str(n - 1)), (_HydraText(), _HydraText())

@@ -287,7 +287,9 @@ class Plan:
         unpickles those it carries by value, and runs them: like pickle, load only plans
         you trust."""
         try:
-            decoded = msgpack.unpackb(_unseal(data), object_hook=_decode, use_list=False, strict_map_key=False)
+            decoded = msgpack.unpackb(
+                _unseal(data), object_hook=_decode, use_list=False, strict_map_key=False
+            )
             plan = _converter.structure(decoded, cls)
         except PlanSerializationError:
             raise
@@ -316,9 +318,7 @@ def transfer_peers(plan: Plan) -> dict[int, Actor]:
 
 def import_path(fn: Callable) -> str | None:
     """``module:qualname`` of a function that imports back as itself, else None."""
-    module = getattr(fn, "__module__", None) or (
-        "numpy" if isinstance(fn, np.ufunc) else None
-    )
+    module = getattr(fn, "__module__", None) or ("numpy" if isinstance(fn, np.ufunc) else None)
     qualname = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     if not module or not qualname or "<" in qualname or module == "__main__":
         return None
@@ -366,7 +366,11 @@ def _unseal(data: bytes) -> bytes:
         sealed = msgpack.unpackb(data)
     except Exception as e:
         raise PlanSerializationError(f"not a serialized Plan: {type(e).__name__}: {e}") from e
-    if isinstance(sealed, dict) and isinstance(sealed.get("format"), int) and sealed["format"] != FORMAT_VERSION:
+    if (
+        isinstance(sealed, dict)
+        and isinstance(sealed.get("format"), int)
+        and sealed["format"] != FORMAT_VERSION
+    ):
         raise PlanSerializationError(
             f"a serialized Plan of format {sealed['format']}; this actorflow reads format {FORMAT_VERSION} "
             "(compile the plan again)"
@@ -435,7 +439,10 @@ def _strict_tuple(target: Any, converter: cattrs.Converter) -> Callable[[Any, An
             try:
                 items.append(hook(v, element))
             except Exception as e:  # noqa: BLE001 - collected, raised together below
-                e.__notes__ = [*getattr(e, "__notes__", []), IterableValidationNote(f"@ index {k}", k, element)]
+                e.__notes__ = [
+                    *getattr(e, "__notes__", []),
+                    IterableValidationNote(f"@ index {k}", k, element),
+                ]
                 errors.append(e)
         if errors:
             raise IterableValidationError(f"While structuring {target}", errors, target)
@@ -467,7 +474,9 @@ def _schema_error(e: Exception) -> PlanSerializationError:
     def describe(exc: BaseException, target: type | None) -> str:
         return str(exc) if isinstance(exc, _Refused) else cattrs.v.format_exception(exc, target)
 
-    return PlanSerializationError(f"not a valid Plan: {'; '.join(cattrs.transform_error(e, '$plan', describe))}")
+    return PlanSerializationError(
+        f"not a valid Plan: {'; '.join(cattrs.transform_error(e, '$plan', describe))}"
+    )
 
 
 _converter = cattrs.Converter()
@@ -503,7 +512,8 @@ def stream_usage(plan: Plan) -> list[str]:
     limit = plan.resources.max_streams
     lines = [
         f"streams of rank {rank}: {sum(n.values())} of max_streams {limit} ("
-        + ", ".join(f"{count} {kind}" for kind, count in sorted(n.items())) + ")"
+        + ", ".join(f"{count} {kind}" for kind, count in sorted(n.items()))
+        + ")"
         for rank, n in sorted(kinds.items())
     ]
     if plan.labels:
@@ -515,9 +525,7 @@ def _summary_lines(plan: Plan) -> list[str]:
     names = {a.id: a.name for a in plan.actors}
     lines = [headline(plan), *stream_usage(plan)]
     for stream in plan.streams:
-        actors = sorted(
-            (a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority
-        )
+        actors = sorted((a for a in plan.actors if a.stream == stream.id), key=lambda a: a.priority)
         rank = f"rank {stream.rank}, " if plan.world > 1 else ""
         group = f"group {','.join(stream.group)}, " if stream.group else ""
         lines.append(f"stream {stream.name} ({rank}{group}{len(actors)} actors)")
@@ -527,16 +535,13 @@ def _summary_lines(plan: Plan) -> list[str]:
             lines.append(f"  [{a.priority:>3}] {a.name:<24} {a.op:<14} in: {ins}{rate}")
             for r in (plan.registers[o] for o in a.outputs):
                 to = ", ".join(names[c.actor] for c in r.consumers) or "-"
-                lines.append(
-                    f"        out {r.name}: {r.dtype}{list(r.shape)} quota {r.quota} -> {to}"
-                )
+                lines.append(f"        out {r.name}: {r.dtype}{list(r.shape)} quota {r.quota} -> {to}")
     lines.append("events (producer -> consumer, the consumer's stream waits)")
     stream_name = {s.id: s.name for s in plan.streams}
     stream_of = {a.id: a.stream for a in plan.actors}
     for p, c in plan.events:
         lines.append(
-            f"  {names[p]} ({stream_name.get(stream_of[p])}) -> "
-            f"{names[c]} ({stream_name.get(stream_of[c])})"
+            f"  {names[p]} ({stream_name.get(stream_of[p])}) -> {names[c]} ({stream_name.get(stream_of[c])})"
         )
     lines.append("collective order")
     if plan.link is not None:

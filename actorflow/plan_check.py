@@ -107,7 +107,9 @@ def _check_header(plan: Plan) -> None:
     for kind, items in numbered:
         for k, item in enumerate(items):
             if item.id != k:
-                raise CompileError(f"{kind} {item.name!r} has id {item.id} but is number {k}; ids are positions")
+                raise CompileError(
+                    f"{kind} {item.name!r} has id {item.id} but is number {k}; ids are positions"
+                )
     if plan.micro_batches < 1:
         raise CompileError(f"micro_batches is {plan.micro_batches}; it must be >= 1")
     if plan.world < 1:
@@ -118,7 +120,9 @@ def _check_header(plan: Plan) -> None:
     placed = {a.device for a in plan.actors} | {r.device for r in plan.registers}
     devices = {d for d in placed if not d.startswith("rank")}
     if plan.ranks and not devices <= plan.ranks.keys():
-        raise CompileError(f"ranks place devices {sorted(plan.ranks)}, not {sorted(devices - plan.ranks.keys())}")
+        raise CompileError(
+            f"ranks place devices {sorted(plan.ranks)}, not {sorted(devices - plan.ranks.keys())}"
+        )
     if plan.link is not None:
         bandwidth, latency = plan.link
         if not (math.isfinite(bandwidth) and bandwidth > 0 and math.isfinite(latency) and latency >= 0):
@@ -161,7 +165,9 @@ def _check_registers(plan: Plan) -> None:
         if r.producer >= 0:
             producer = plan.actors[r.producer]
             if r.id not in producer.outputs:
-                raise CompileError(f"register {r.name!r} names {producer.name!r} as producer, which does not output it")
+                raise CompileError(
+                    f"register {r.name!r} names {producer.name!r} as producer, which does not output it"
+                )
             if r.device != producer.device:
                 raise CompileError(
                     f"register {r.name!r} is on {r.device!r} but its producer {producer.name!r} on {producer.device!r}"
@@ -191,9 +197,13 @@ def _check_actors(plan: Plan) -> None:
             raise CompileError(f"actor {a.name!r} has no stream")
         stream = plan.streams[a.stream]
         if stream.rank != _rank_of(plan, a.device, f"actor {a.name!r}"):
-            raise CompileError(f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another rank")
+            raise CompileError(
+                f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another rank"
+            )
         if stream.kind in ("compute", "copy") and stream.device != a.device:
-            raise CompileError(f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another device")
+            raise CompileError(
+                f"actor {a.name!r} on {a.device!r} is on stream {stream.name!r} of another device"
+            )
         if a.every not in (1, plan.micro_batches):
             raise CompileError(
                 f"actor {a.name!r} acts every {a.every} micro-batches; a plan of {plan.micro_batches} "
@@ -219,7 +229,9 @@ def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
         raise CompileError(f"{where} ({reg.name!r}) has sync {i.sync!r}, not one of {list(SYNCS)}")
     if reg.is_parameter:
         if i.sync != "stream":
-            raise CompileError(f"{where} reads parameter {reg.name!r} with sync {i.sync!r}; a parameter needs none")
+            raise CompileError(
+                f"{where} reads parameter {reg.name!r} with sync {i.sync!r}; a parameter needs none"
+            )
         return
     producer = plan.actors[reg.producer].stream
     if i.sync == "stream" and producer != a.stream:
@@ -243,7 +255,9 @@ def _check_attrs(a: Actor, signatures: dict[int, inspect.Signature | None]) -> N
     try:
         signature.bind_partial(None, None, **a.attrs)
     except TypeError as e:
-        raise CompileError(f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {sorted(a.attrs)}: {e}") from None
+        raise CompileError(
+            f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {sorted(a.attrs)}: {e}"
+        ) from None
 
 
 def _name(fn: Callable) -> str:
@@ -265,15 +279,21 @@ def _check_consumers(plan: Plan) -> None:
                     f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot}, which reads something else"
                 )
             if (r.id, c.actor, c.slot) in listed:
-                raise CompileError(f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot} twice")
+                raise CompileError(
+                    f"register {r.name!r} lists consumer {consumer.name!r} at input {c.slot} twice"
+                )
             listed.add((r.id, c.actor, c.slot))
             if not r.is_parameter and plan.rank_of(consumer.device) != plan.rank_of(r.device):
-                raise CompileError(f"register {r.name!r} on {r.device!r} is read by {consumer.name!r} on another rank")
+                raise CompileError(
+                    f"register {r.name!r} on {r.device!r} is read by {consumer.name!r} on another rank"
+                )
     for a in plan.actors:
         for k, i in enumerate(a.inputs):
             reg = plan.registers[i.register]
             if not reg.is_parameter and (reg.id, a.id, k) not in listed:
-                raise CompileError(f"actor {a.name!r} reads register {reg.name!r} (input {k}), which does not list it")
+                raise CompileError(
+                    f"actor {a.name!r} reads register {reg.name!r} (input {k}), which does not list it"
+                )
 
 
 def _check_transfers(plan: Plan) -> None:
@@ -285,16 +305,22 @@ def _check_transfers(plan: Plan) -> None:
             continue
         peer, tag = a.attrs.get("peer"), a.attrs.get("tag")
         if not _is_int(peer) or not _is_int(tag):
-            raise CompileError(f"{a.kind} actor {a.name!r} needs integer attributes peer and tag, has {a.attrs}")
+            raise CompileError(
+                f"{a.kind} actor {a.name!r} needs integer attributes peer and tag, has {a.attrs}"
+            )
         if (a.kind, tag) in halves:
-            raise CompileError(f"{a.kind} actors {halves[(a.kind, tag)].name!r} and {a.name!r} share tag {tag}")
+            raise CompileError(
+                f"{a.kind} actors {halves[(a.kind, tag)].name!r} and {a.name!r} share tag {tag}"
+            )
         halves[(a.kind, tag)] = a
     other = {"send": "recv", "recv": "send"}
     for (kind, tag), a in halves.items():
         peer = halves.get((other[kind], tag))
         if peer is None:
             raise CompileError(f"{kind} actor {a.name!r} (tag {tag}) has no {other[kind]} actor")
-        if a.attrs["peer"] != plan.rank_of(peer.device) or plan.rank_of(a.device) == plan.rank_of(peer.device):
+        if a.attrs["peer"] != plan.rank_of(peer.device) or plan.rank_of(a.device) == plan.rank_of(
+            peer.device
+        ):
             raise CompileError(
                 f"{kind} actor {a.name!r} names rank {a.attrs['peer']}; its {other[kind]} {peer.name!r} "
                 f"is on rank {plan.rank_of(peer.device)}, it on rank {plan.rank_of(a.device)}"
@@ -327,7 +353,9 @@ def _check_collectives(plan: Plan) -> None:
             if not 0 <= a < len(plan.actors):
                 raise CompileError(f"collective {coll.name!r}: participant {a} does not exist")
             if a in owner:
-                raise CompileError(f"actor {plan.actors[a].name!r} takes part in {owner[a].name!r} and {coll.name!r}")
+                raise CompileError(
+                    f"actor {plan.actors[a].name!r} takes part in {owner[a].name!r} and {coll.name!r}"
+                )
             owner[a] = coll
         first = plan.actors[coll.actors[0]]
         for actor in (plan.actors[k] for k in coll.actors):
@@ -370,7 +398,9 @@ def _check_calls(plan: Plan) -> None:
     for coll in plan.collectives:
         counts = {plan.actors[a].calls for a in coll.actors}
         if len(counts) > 1:
-            raise CompileError(f"the participants of collective {coll.name!r} differ in calls: {sorted(counts)}")
+            raise CompileError(
+                f"the participants of collective {coll.name!r} differ in calls: {sorted(counts)}"
+            )
     for r in plan.registers:
         calls = plan.actors[r.producer].calls if r.producer >= 0 else 1
         for c in r.consumers:
@@ -389,10 +419,14 @@ def _check_ends(plan: Plan) -> None:
         named, actors = set(), set()
         for e in ends:
             if not 0 <= e.actor < len(plan.actors) or plan.actors[e.actor].kind != actor_kind:
-                raise CompileError(f"{kind} {e.name!r} names actor {e.actor}, which is not a {actor_kind} actor")
+                raise CompileError(
+                    f"{kind} {e.name!r} names actor {e.actor}, which is not a {actor_kind} actor"
+                )
             key = (e.name, plan.rank_of(plan.actors[e.actor].device))
             if key in named or e.actor in actors:
-                raise CompileError(f"{kind} {e.name!r} (actor {plan.actors[e.actor].name!r}) appears twice on a rank")
+                raise CompileError(
+                    f"{kind} {e.name!r} (actor {plan.actors[e.actor].name!r}) appears twice on a rank"
+                )
             named.add(key)
             actors.add(e.actor)
         unnamed = [a.name for a in plan.actors if a.kind == actor_kind and a.id not in actors]
@@ -401,7 +435,9 @@ def _check_ends(plan: Plan) -> None:
     for f in plan.feeds:
         out = [plan.registers[o] for o in plan.actors[f.actor].outputs]
         if [(r.shape, r.dtype) for r in out] != [(f.shape, f.dtype)]:
-            raise CompileError(f"feed {f.name!r} is {f.dtype}{list(f.shape)} but its actor writes {_specs(out)}")
+            raise CompileError(
+                f"feed {f.name!r} is {f.dtype}{list(f.shape)} but its actor writes {_specs(out)}"
+            )
     named_registers: dict[int, str] = {}
     names = set()
     for p in plan.parameters:
@@ -453,7 +489,10 @@ def _check_logical(plan: Plan) -> None:
             raise CompileError(f"{where}: parts {list(lt.parts)} are not distinct names")
         parts = [shapes[lt.kind][p] for p in lt.parts if shapes[lt.kind].get(p) is not None]
         if lt.sbp == "S":
-            if not all(0 <= lt.axis < len(s) for s in parts) or len({s[: lt.axis] + s[lt.axis + 1 :] for s in parts}) > 1:
+            if (
+                not all(0 <= lt.axis < len(s) for s in parts)
+                or len({s[: lt.axis] + s[lt.axis + 1 :] for s in parts}) > 1
+            ):
                 raise CompileError(f"{where}: parts of shapes {parts} do not split along axis {lt.axis}")
         elif len(set(parts)) > 1:
             raise CompileError(f"{where}: parts of sbp {lt.sbp} have shapes {parts}, not one shape")

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from .plan import Plan, headline, stream_usage
 
-_SYNC_STYLE = {"stream": "", "event": ', color="red"', "implied": ', style="dotted"', "completion": ', color="blue"'}
+_SYNC_STYLE = {
+    "stream": "",
+    "event": ', color="red"',
+    "implied": ', style="dotted"',
+    "completion": ', color="blue"',
+}
 
 
 def overview(plan: Plan) -> str:
@@ -19,7 +24,9 @@ def overview(plan: Plan) -> str:
                 kinds[kind] = kinds.get(kind, 0) + 1
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         lines.append(f"  {stream.name:<20} {counts}")
-    lines.append("planned memory: " + ", ".join(f"{d} {n / 2**20:.2f} MiB" for d, n in sorted(plan.memory.items())))
+    lines.append(
+        "planned memory: " + ", ".join(f"{d} {n / 2**20:.2f} MiB" for d, n in sorted(plan.memory.items()))
+    )
     return "\n".join(lines)
 
 

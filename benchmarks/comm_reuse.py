@@ -30,8 +30,10 @@ from compile_time import DEVICES, compile_table, deep_mlp, time_compile  # noqa:
 
 def feeds(width: int = 8, batch: int = 8) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
-    return {"x": rng.standard_normal((batch, width)).astype(np.float32),
-            "y": rng.standard_normal((batch, width)).astype(np.float32)}
+    return {
+        "x": rng.standard_normal((batch, width)).astype(np.float32),
+        "y": rng.standard_normal((batch, width)).astype(np.float32),
+    }
 
 
 def measure(graph: af.Graph, steps: int, **options) -> tuple[tuple[str, ...], list[float]]:
@@ -49,8 +51,15 @@ def measure(graph: af.Graph, steps: int, **options) -> tuple[tuple[str, ...], li
             times.append(time.perf_counter() - start)
     registers = sum(r.nbytes * r.quota for r in plan.registers)
     row = (
-        str(len(collective)), str(len(plan.streams)), str(threads), str(len(plan.actors)), str(len(plan.collectives)),
-        str(plan.labels), f"{registers / 2**20:.2f}", f"{seconds:.2f}", f"{statistics.median(times) * 1e3:.0f}",
+        str(len(collective)),
+        str(len(plan.streams)),
+        str(threads),
+        str(len(plan.actors)),
+        str(len(plan.collectives)),
+        str(plan.labels),
+        f"{registers / 2**20:.2f}",
+        f"{seconds:.2f}",
+        f"{statistics.median(times) * 1e3:.0f}",
     )
     return row, losses
 
@@ -60,22 +69,38 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1000)
     p.add_argument("--per-stream", type=int, default=64, help="max_ops_per_stream")
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--actors", type=int, nargs="*", default=[1000, 10000, 100000], help="compile-time table sizes")
+    p.add_argument(
+        "--actors", type=int, nargs="*", default=[1000, 10000, 100000], help="compile-time table sizes"
+    )
     args = p.parse_args()
     graph = deep_mlp(args.layers)
-    header = ("reuse", "collective streams", "streams", "threads", "actors", "collectives", "labels",
-              "register MiB", "compile s", "step ms")
+    header = (
+        "reuse",
+        "collective streams",
+        "streams",
+        "threads",
+        "actors",
+        "collectives",
+        "labels",
+        "register MiB",
+        "compile s",
+        "step ms",
+    )
     rows, losses = [header], {}
     for name, reuse in (("off", None), ("on (-1)", -1)):
         row, losses[name] = measure(graph, args.steps, max_ops_per_stream=args.per_stream, comm_reuse=reuse)
         rows.append((name, *row))
-    print(f"deep data-parallel MLP, {args.layers} layers on {len(DEVICES)} devices, fusion off, "
-          f"max_ops_per_stream {args.per_stream}; step time median of {args.steps}")
+    print(
+        f"deep data-parallel MLP, {args.layers} layers on {len(DEVICES)} devices, fusion off, "
+        f"max_ops_per_stream {args.per_stream}; step time median of {args.steps}"
+    )
     print("\n".join(columns(rows)))
     same = losses["off"] == losses["on (-1)"]
     print(f"losses of the {args.steps + 1} steps identical with and without reuse: {same}")
     if args.actors:
-        print(f"\ncompile time, deep data-parallel MLP on {len(DEVICES)} devices (fusion on), one compile each")
+        print(
+            f"\ncompile time, deep data-parallel MLP on {len(DEVICES)} devices (fusion on), one compile each"
+        )
         print("\n".join(columns(compile_table(args.actors, 1))))
 
 

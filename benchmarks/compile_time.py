@@ -31,7 +31,12 @@ def deep_mlp(layers: int, width: int = 8, batch: int = 8, devices: list[str] = D
         y = af.placeholder("y", (batch, width), "float32", devices, af.S(0))
         h = x
         for k in range(layers):
-            w = af.parameter(f"w{k}", (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), devices, af.B)
+            w = af.parameter(
+                f"w{k}",
+                (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32),
+                devices,
+                af.B,
+            )
             h = af.ops.tanh(af.ops.matmul(h, w))
         loss = af.ops.mse_loss(h, y)
         af.minimize(loss, af.optim.SGD(lr=0.01))
@@ -60,10 +65,17 @@ def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
         graph = deep_mlp(layers)
         build = time.perf_counter() - start
         plan, seconds = time_compile(graph, repeats)
-        rows.append((
-            str(target), str(layers), str(len(plan.actors)), str(len(plan.collectives)),
-            f"{build:.2f}", f"{seconds:.2f}", f"{seconds / len(plan.actors) * 1e6:.1f}",
-        ))
+        rows.append(
+            (
+                str(target),
+                str(layers),
+                str(len(plan.actors)),
+                str(len(plan.collectives)),
+                f"{build:.2f}",
+                f"{seconds:.2f}",
+                f"{seconds / len(plan.actors) * 1e6:.1f}",
+            )
+        )
     return rows
 
 

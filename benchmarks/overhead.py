@@ -108,11 +108,18 @@ def main() -> int:
     p.add_argument("--actors", type=int, default=8, help="no-op actors in the chain of (a) (default 8)")
     p.add_argument("--iterations", type=int, default=2000, help="iterations of (a) (default 2000)")
     p.add_argument(
-        "--quotas", type=int, nargs="+", default=[2, 8],
+        "--quotas",
+        type=int,
+        nargs="+",
+        default=[2, 8],
         help="quotas of (a): 2 is the default; 8 leaves slack for the credits' round trip (default 2 8)",
     )
     p.add_argument(
-        "--lengths", type=int, nargs="+", default=[16, 32], help="matmuls in the chains of (b) (default 16 32)"
+        "--lengths",
+        type=int,
+        nargs="+",
+        default=[16, 32],
+        help="matmuls in the chains of (b) (default 16 32)",
     )
     p.add_argument("--size", type=int, default=384, help="matrix size of (b) (default 384)")
     p.add_argument("--steps", type=int, default=100, help="iterations of (b) and (c) (default 100)")
@@ -150,7 +157,12 @@ def main() -> int:
         for (n, fetch), (one, two, ratios) in chains.items()
     ]
     rows += [
-        (f"(c) most buffers held by one register, quota {q}", f"{h} held", f"quota {q}", "equal" if h == q else "differs")
+        (
+            f"(c) most buffers held by one register, quota {q}",
+            f"{h} held",
+            f"quota {q}",
+            "equal" if h == q else "differs",
+        )
         for q, h in held.items()
     ]
     print("\n".join(columns([("measure", "actorflow", "baseline", "ratio"), *rows])))

@@ -115,15 +115,27 @@ def write_trace(plan: af.Plan, feeds: dict, steps: int, path: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--sizes", type=int, nargs="+", default=[128] + [512] * 8, help="layer widths (default 128, then 8 layers of 512)"
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[128] + [512] * 8,
+        help="layer widths (default 128, then 8 layers of 512)",
     )
-    p.add_argument("--batch", type=int, default=2048, help="global batch, split over 2 devices (default 2048)")
+    p.add_argument(
+        "--batch", type=int, default=2048, help="global batch, split over 2 devices (default 2048)"
+    )
     p.add_argument("--steps", type=int, default=10, help="steps per timed run (default 10)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs; medians are printed")
-    p.add_argument("--comm-share", type=float, default=0.5, help="emulated communication time as a share of compute")
-    p.add_argument("--latency", type=float, default=100e-6, help="emulated link latency per collective, seconds")
     p.add_argument(
-        "--bucket-cap", type=int, default=1 << 20,
+        "--comm-share", type=float, default=0.5, help="emulated communication time as a share of compute"
+    )
+    p.add_argument(
+        "--latency", type=float, default=100e-6, help="emulated link latency per collective, seconds"
+    )
+    p.add_argument(
+        "--bucket-cap",
+        type=int,
+        default=1 << 20,
         help="fusion bucket cap, bytes (default 1 MiB: DDP's 25 MiB would put this 7 MiB model in one bucket)",
     )
     p.add_argument("--out", default="benchmarks/out", help="folder for the traces")
@@ -170,7 +182,17 @@ def main() -> int:
         t = step_time(plan, {"x": x, "y": y}, args.steps, args.repeats)
         write_trace(plan, {"x": x, "y": y}, args.steps, trace)
         efficiency = (c + m - t) / min(c, m)
-        rows.append((label, f"{t * 1e3:.2f}", f"{max(c, m) * 1e3:.2f}", f"{(c + m) * 1e3:.2f}", f"{t / max(c, m):.2f}", f"{efficiency:.2f}", trace))
+        rows.append(
+            (
+                label,
+                f"{t * 1e3:.2f}",
+                f"{max(c, m) * 1e3:.2f}",
+                f"{(c + m) * 1e3:.2f}",
+                f"{t / max(c, m):.2f}",
+                f"{efficiency:.2f}",
+                trace,
+            )
+        )
     print("\n".join(columns([header, *rows])))
     return 0
 

@@ -29,12 +29,18 @@ from actorflow.training import train
 def config(args, stages, micro_batches, schedule):
     """The first layer is 1.5x wider: it computes no input gradient, so this evens the stages."""
     sizes = [args.width * 3 // 2] + [args.width] * args.layers
-    return parse_config({
-        "model": {"sizes": sizes, "activation": "relu", "dtype": "float32"},
-        "data": {"samples": args.batch * 4, "seed": 0},
-        "train": {"steps": args.steps, "batch_size": args.batch, "optimizer": {"kind": "sgd", "lr": 0.01}},
-        "parallel": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule},
-    })
+    return parse_config(
+        {
+            "model": {"sizes": sizes, "activation": "relu", "dtype": "float32"},
+            "data": {"samples": args.batch * 4, "seed": 0},
+            "train": {
+                "steps": args.steps,
+                "batch_size": args.batch,
+                "optimizer": {"kind": "sgd", "lr": 0.01},
+            },
+            "parallel": {"stages": stages, "micro_batches": micro_batches, "schedule": schedule},
+        }
+    )
 
 
 def measure(args, stages, micro_batches, schedule):
@@ -75,17 +81,36 @@ def main() -> int:
     )
     baseline, *_ = measure(args, ["cpu:0"], 1, "1f1b")
     print(f"one device: {baseline:,.0f} samples/s\n")
-    header = ("schedule", "m", "samples/s", "vs 1 device", "bubble s0", "bubble s1", "theory",
-              "peak act s0", "peak act s1", "bound s0/s1")
+    header = (
+        "schedule",
+        "m",
+        "samples/s",
+        "vs 1 device",
+        "bubble s0",
+        "bubble s1",
+        "theory",
+        "peak act s0",
+        "peak act s1",
+        "bound s0/s1",
+    )
     rows = []
     for schedule in ("gpipe", "1f1b"):
         for m in args.micro_batches:
             throughput, bubbles, peaks, bound, theory = measure(args, two, m, schedule)
-            rows.append((
-                schedule, str(m), f"{throughput:,.0f}", f"{throughput / baseline:.2f}x",
-                f"{bubbles[0]:.3f}", f"{bubbles[1]:.3f}", f"{theory:.3f}",
-                str(peaks[0]), str(peaks[1]), f"{bound[0]}/{bound[1]}",
-            ))
+            rows.append(
+                (
+                    schedule,
+                    str(m),
+                    f"{throughput:,.0f}",
+                    f"{throughput / baseline:.2f}x",
+                    f"{bubbles[0]:.3f}",
+                    f"{bubbles[1]:.3f}",
+                    f"{theory:.3f}",
+                    str(peaks[0]),
+                    str(peaks[1]),
+                    f"{bound[0]}/{bound[1]}",
+                )
+            )
     print("\n".join(columns([header, *rows])))
     return 0
 

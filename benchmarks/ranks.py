@@ -103,7 +103,9 @@ def actorflow_all_reduce(plan: af.Plan, feeds: dict, iterations: int) -> float |
         s.run([feeds] * 2)
         s.recorder.spans.clear()
         s.run([feeds] * iterations)
-        mine = {sp.args["iteration"]: (sp.start, sp.end) for sp in s.recorder.spans if sp.category == "collective"}
+        mine = {
+            sp.args["iteration"]: (sp.start, sp.end) for sp in s.recorder.spans if sp.category == "collective"
+        }
     everyone = gather(mine)
     return None if everyone is None else meet(everyone)
 
@@ -263,9 +265,23 @@ def launch(part: str, timeout: float) -> dict:
     """Run this script with ``--worker part`` (and this run's options) on 2 ranks; rank
     0's JSON. Past ``timeout`` the launcher gets SIGTERM (it stops mpiexec and the ranks,
     killing their tree if they linger), then SIGKILL."""
-    command = [sys.executable, "-m", "actorflow.cli", "launch", "-n", "2", "--",
-               sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--worker", part]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    command = [
+        sys.executable,
+        "-m",
+        "actorflow.cli",
+        "launch",
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        str(Path(__file__).resolve()),
+        *sys.argv[1:],
+        "--worker",
+        part,
+    ]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
@@ -298,8 +314,20 @@ def ratio(top: list[float], bottom: list[float]) -> float:
 
 
 def table_a(result: dict) -> list[str]:
-    header = ("MiB", "iterations", "actorflow fed", "GB/s", "unfed", "GB/s", "bare in place", "GB/s",
-              "bare out of place", "GB/s", "fed / bare", "unfed / bare")
+    header = (
+        "MiB",
+        "iterations",
+        "actorflow fed",
+        "GB/s",
+        "unfed",
+        "GB/s",
+        "bare in place",
+        "GB/s",
+        "bare out of place",
+        "GB/s",
+        "fed / bare",
+        "unfed / bare",
+    )
     rows = []
     for r in result["rows"]:
         cells = [str(r["mib"]), str(r["iterations"])]
@@ -316,7 +344,9 @@ def table_b(result: dict) -> list[str]:
     rows = []
     for k, what in enumerate(("latency (one iteration per run)", "throughput (pipelined)")):
         ours, theirs = [r[k] for r in result["ranks"]], [r[k] for r in result["local"]]
-        rows.append((what, f"{median(ours) * 1e6:.1f}", f"{median(theirs) * 1e6:.1f}", f"{ratio(ours, theirs):.2f}x"))
+        rows.append(
+            (what, f"{median(ours) * 1e6:.1f}", f"{median(theirs) * 1e6:.1f}", f"{ratio(ours, theirs):.2f}x")
+        )
     return columns([header, *rows])
 
 
@@ -324,23 +354,44 @@ def table_c(result: dict) -> list[str]:
     one = result["one"]
     rows = [
         (label, f"{median(result[key]) * 1e3:.2f}", f"{ratio(one, result[key]):.2f}x")
-        for label, key in (("2 ranks (cpu:0 | cpu:1)", "ranks"), ("2 devices in 1 process", "local"), ("1 device", "one"))
+        for label, key in (
+            ("2 ranks (cpu:0 | cpu:1)", "ranks"),
+            ("2 devices in 1 process", "local"),
+            ("1 device", "one"),
+        )
     ]
     return columns([("placement", "ms/step", "speed-up over 1 device"), *rows])
 
 
 def table_d(ranks: dict, local: dict) -> list[str]:
-    header = ("schedule", "m", "theory", "2 ranks s0", "s1", "worst |bubble - theory|", "1 process s0", "s1",
-              "samples/s 2 ranks / 1 process")
+    header = (
+        "schedule",
+        "m",
+        "theory",
+        "2 ranks s0",
+        "s1",
+        "worst |bubble - theory|",
+        "1 process s0",
+        "s1",
+        "samples/s 2 ranks / 1 process",
+    )
     rows = []
     for key, r in ranks.items():
         schedule, m = key.split()
         mine = local[key]
-        rows.append((
-            schedule, m, f"{r['theory']:.3f}", f"{r['bubbles'][0]:.3f}", f"{r['bubbles'][1]:.3f}",
-            f"{max(abs(b - r['theory']) for b in r['bubbles']):.3f}",
-            f"{mine['bubbles'][0]:.3f}", f"{mine['bubbles'][1]:.3f}", f"{r['samples']:,.0f} / {mine['samples']:,.0f}",
-        ))
+        rows.append(
+            (
+                schedule,
+                m,
+                f"{r['theory']:.3f}",
+                f"{r['bubbles'][0]:.3f}",
+                f"{r['bubbles'][1]:.3f}",
+                f"{max(abs(b - r['theory']) for b in r['bubbles']):.3f}",
+                f"{mine['bubbles'][0]:.3f}",
+                f"{mine['bubbles'][1]:.3f}",
+                f"{r['samples']:,.0f} / {mine['samples']:,.0f}",
+            )
+        )
     return columns([header, *rows])
 
 
@@ -348,7 +399,9 @@ def goals(results: dict) -> list[str]:
     lines = []
     if "a" in results:
         worst = min(ratio(r["bare"], r["fed"]) for r in results["a"]["rows"])
-        lines.append(f"(a) all_reduce bandwidth >= 0.9x bare MPI at every size: {_met(worst >= 0.9)} (worst {worst:.2f}x)")
+        lines.append(
+            f"(a) all_reduce bandwidth >= 0.9x bare MPI at every size: {_met(worst >= 0.9)} (worst {worst:.2f}x)"
+        )
     if "c" in results:
         c = results["c"]
         speed = ratio(c["one"], c["ranks"])
@@ -365,45 +418,88 @@ def _met(ok: bool) -> str:
 
 def report(args, results: dict, local_pipeline: dict | None) -> None:
     if "a" in results:
-        print("\n(a) 2-rank all_reduce (sum) of float32: time of one collective, from both ranks' spans; "
-              "GB/s = MiB x 2^20 / time; ratio = bare in-place time / actorflow time")
+        print(
+            "\n(a) 2-rank all_reduce (sum) of float32: time of one collective, from both ranks' spans; "
+            "GB/s = MiB x 2^20 / time; ratio = bare in-place time / actorflow time"
+        )
         print("\n".join(table_a(results["a"])))
     if "b" in results:
-        print(f"\n(b) one hop of a chain of to_device + relu on float32[1], alternating cpu:0 / cpu:1: "
-              f"the slope from {args.hops[0]} to {args.hops[1]} hops, {args.hop_iterations} iterations")
+        print(
+            f"\n(b) one hop of a chain of to_device + relu on float32[1], alternating cpu:0 / cpu:1: "
+            f"the slope from {args.hops[0]} to {args.hops[1]} hops, {args.hop_iterations} iterations"
+        )
         print("\n".join(table_b(results["b"])))
     if "c" in results:
         c = results["c"]
-        print(f"\n(c) overlap.py's data-parallel MLP {c['sizes']}, batch {c['batch']}, schedule (4), "
-              f"no emulated link; {args.steps} steps per run")
+        print(
+            f"\n(c) overlap.py's data-parallel MLP {c['sizes']}, batch {c['batch']}, schedule (4), "
+            f"no emulated link; {args.steps} steps per run"
+        )
         print("\n".join(table_c(c)))
     if "d" in results:
-        print(f"\n(d) pipeline.py's MLP (width {PIPELINE['width']}, {PIPELINE['layers']} layers, batch "
-              f"{PIPELINE['batch']}) on 2 stages, {args.pipeline_steps} steps per run, medians of "
-              f"{args.pipeline_repeats} runs; bubble per stage from both ranks' spans, theory (p-1)/(m+p-1)")
+        print(
+            f"\n(d) pipeline.py's MLP (width {PIPELINE['width']}, {PIPELINE['layers']} layers, batch "
+            f"{PIPELINE['batch']}) on 2 stages, {args.pipeline_steps} steps per run, medians of "
+            f"{args.pipeline_repeats} runs; bubble per stage from both ranks' spans, theory (p-1)/(m+p-1)"
+        )
         print("\n".join(table_d(results["d"], local_pipeline)))
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
-    p.add_argument("--repeats", type=int, default=5, help="repeats of (a), (b), (c); medians are printed (default 5)")
-    p.add_argument("--mib", type=int, nargs="+", default=[1, 16, 64], help="(a) all_reduce sizes in MiB (default 1 16 64)")
-    p.add_argument("--iterations", type=int, default=40, help="(a) iterations per repeat up to 4 MiB, fewer above (default 40)")
-    p.add_argument("--hops", type=int, nargs=2, default=[4, 20], help="(b) the short and the long chain (default 4 20)")
-    p.add_argument("--hop-iterations", type=int, default=200, help="(b) iterations per chain and repeat (default 200)")
+    p.add_argument(
+        "--repeats", type=int, default=5, help="repeats of (a), (b), (c); medians are printed (default 5)"
+    )
+    p.add_argument(
+        "--mib",
+        type=int,
+        nargs="+",
+        default=[1, 16, 64],
+        help="(a) all_reduce sizes in MiB (default 1 16 64)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=int,
+        default=40,
+        help="(a) iterations per repeat up to 4 MiB, fewer above (default 40)",
+    )
+    p.add_argument(
+        "--hops", type=int, nargs=2, default=[4, 20], help="(b) the short and the long chain (default 4 20)"
+    )
+    p.add_argument(
+        "--hop-iterations", type=int, default=200, help="(b) iterations per chain and repeat (default 200)"
+    )
     p.add_argument("--batch", type=int, default=2048, help="(c) global batch (default 2048, overlap.py's)")
     p.add_argument("--steps", type=int, default=10, help="(c) steps per timed run (default 10)")
-    p.add_argument("--pipeline-steps", type=int, default=4, help="(d) steps per run (default 4, pipeline.py's)")
-    p.add_argument("--pipeline-repeats", type=int, default=3, help="(d) runs per variant (default 3, pipeline.py's)")
-    p.add_argument("--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="(d) values of m (default 2 4 8)")
-    p.add_argument("--schedules", nargs="+", default=["1f1b", "gpipe"], choices=["1f1b", "gpipe"], help="(d) (default both)")
+    p.add_argument(
+        "--pipeline-steps", type=int, default=4, help="(d) steps per run (default 4, pipeline.py's)"
+    )
+    p.add_argument(
+        "--pipeline-repeats", type=int, default=3, help="(d) runs per variant (default 3, pipeline.py's)"
+    )
+    p.add_argument(
+        "--micro-batches", type=int, nargs="+", default=[2, 4, 8], help="(d) values of m (default 2 4 8)"
+    )
+    p.add_argument(
+        "--schedules",
+        nargs="+",
+        default=["1f1b", "gpipe"],
+        choices=["1f1b", "gpipe"],
+        help="(d) (default both)",
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds a part may run before it is stopped")
     p.add_argument("--quick", action="store_true", help="a smoke run: one repeat, fewer sizes and steps")
     p.add_argument("--worker", choices=list(PARTS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.quick:
-        args.repeats, args.pipeline_repeats, args.mib, args.iterations, args.hop_iterations = 1, 1, [1, 16], 12, 30
+        args.repeats, args.pipeline_repeats, args.mib, args.iterations, args.hop_iterations = (
+            1,
+            1,
+            [1, 16],
+            12,
+            30,
+        )
         args.steps, args.pipeline_steps, args.micro_batches, args.schedules = 3, 2, [2, 4], ["1f1b"]
     if args.worker:
         return worker(args)
@@ -427,7 +523,9 @@ def main() -> int:
     report(args, results, local_pipeline)
     print()
     print("\n".join(goals(results)))
-    print(f"({', '.join(f'({k}) {v:.0f} s' for k, v in seconds.items())}; {time.perf_counter() - started:.0f} s in all)")
+    print(
+        f"({', '.join(f'({k}) {v:.0f} s' for k, v in seconds.items())}; {time.perf_counter() - started:.0f} s in all)"
+    )
     return 0
 
 

@@ -74,7 +74,16 @@ def soak_session(iterations: int, chunk: int, checkpoints: int, trace: bool) -> 
                 rss, peak = rss_mb()
                 per = (now - last) / (done - last_done) * 1e6
                 spans = len(s.recorder.spans) if trace else 0
-                rows.append((f"{done:,}", f"{now - start:.1f}", f"{per:.0f}", f"{rss:.1f}", f"{peak:.1f}", f"{spans:,}"))
+                rows.append(
+                    (
+                        f"{done:,}",
+                        f"{now - start:.1f}",
+                        f"{per:.0f}",
+                        f"{rss:.1f}",
+                        f"{peak:.1f}",
+                        f"{spans:,}",
+                    )
+                )
                 last, last_done = now, done
         expected = np.maximum(np.maximum(x @ np.full((8, 8), 0.1, np.float32), 0), 0)
         np.testing.assert_allclose(out[-1]["y"], expected, rtol=1e-6)
@@ -85,8 +94,15 @@ def soak_run(steps: int, checkpoints: int) -> list[tuple[str, ...]]:
     """``actorflow run`` in a subprocess, logging every step; its RSS at each checkpoint."""
     every = max(1, steps // checkpoints)
     command = [
-        sys.executable, "-m", "actorflow", "run", os.path.join(ROOT, "configs", "default.yaml"),
-        "--steps", str(steps), "--set", "train.log_every=1",
+        sys.executable,
+        "-m",
+        "actorflow",
+        "run",
+        os.path.join(ROOT, "configs", "default.yaml"),
+        "--steps",
+        str(steps),
+        "--set",
+        "train.log_every=1",
     ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     rows = [("steps", "seconds", "ms/step", "RSS MiB", "peak MiB")]
@@ -135,11 +151,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.iterations, args.traced_iterations, args.steps = 20_000, 20_000, 1_000
-    print(f"python {platform.python_version()}, {os.cpu_count()} cores; checkpoints every 1/{args.checkpoints}")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} cores; checkpoints every 1/{args.checkpoints}"
+    )
     if args.only in (None, "session"):
         for trace, iterations in ((False, args.iterations), (True, args.traced_iterations)):
             what = "traced (at most TRACE_LIMIT spans held)" if trace else "untraced"
-            print(f"\n(a) Session.run, {iterations:,} iterations of a small plan, {args.chunk} a call, {what}")
+            print(
+                f"\n(a) Session.run, {iterations:,} iterations of a small plan, {args.chunk} a call, {what}"
+            )
             rows = soak_session(iterations, args.chunk, args.checkpoints, trace)
             print("\n".join(columns(rows)))
             print(flatness(rows))

@@ -44,9 +44,7 @@ PROBE_RECORDS: list[list[tuple[str, int]]] = [[] for _ in range(N_PROBES)]
 
 def _make_probe(k: int):
     def probe(a):
-        PROBE_RECORDS[k].append(
-            (threading.current_thread().name, a.__array_interface__["data"][0])
-        )
+        PROBE_RECORDS[k].append((threading.current_thread().name, a.__array_interface__["data"][0]))
         return a
 
     probe.__name__ = probe.__qualname__ = f"probe{k}"
@@ -379,14 +377,18 @@ class _Gen:
     def collective(self) -> bool:
         if len(self.r.devices) < 2:
             return False
-        kind = self.draw(st.sampled_from(
-            ["all_reduce", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
-        ))
+        kind = self.draw(
+            st.sampled_from(
+                ["all_reduce", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+            )
+        )
         n = self.draw(st.integers(2, len(self.r.devices)))
         if kind == "broadcast":
             src = self.pick()
             v = self.v(src)
-            targets = self.draw(st.permutations(self.r.devices))[: self.draw(st.integers(1, len(self.r.devices)))]
+            targets = self.draw(st.permutations(self.r.devices))[
+                : self.draw(st.integers(1, len(self.r.devices)))
+            ]
             self.node("broadcast", src, tuple(targets), outs=[Value(v.shape, d, v.lo, v.hi) for d in targets])
             return True
         if kind in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -421,7 +423,9 @@ class _Gen:
             lo, hi = min(w.lo for w in vs), max(w.hi for w in vs)
             shape = list(v.shape)
             shape[axis] *= n
-            self.node("all_gather", tuple(ins), axis, outs=[Value(tuple(shape), w.device, lo, hi) for w in vs])
+            self.node(
+                "all_gather", tuple(ins), axis, outs=[Value(tuple(shape), w.device, lo, hi) for w in vs]
+            )
         elif kind == "all_to_all":
             lo, hi = min(w.lo for w in vs), max(w.hi for w in vs)
             shape = list(v.shape)
@@ -435,7 +439,9 @@ class _Gen:
                 return False
             shape = list(v.shape)
             shape[axis] //= n
-            self.node("reduce_scatter", tuple(ins), axis, outs=[Value(tuple(shape), w.device, lo, hi) for w in vs])
+            self.node(
+                "reduce_scatter", tuple(ins), axis, outs=[Value(tuple(shape), w.device, lo, hi) for w in vs]
+            )
         return True
 
     def call(self) -> bool:
@@ -507,7 +513,9 @@ class _Gen:
         axis = self.draw(st.integers(0, av.ndim - 1))
 
         def fits(w: Value) -> bool:
-            return w.ndim == av.ndim and all(x == y for d, (x, y) in enumerate(zip(w.shape, av.shape)) if d != axis)
+            return w.ndim == av.ndim and all(
+                x == y for d, (x, y) in enumerate(zip(w.shape, av.shape)) if d != axis
+            )
 
         srcs = [a] + [self.pick(fits) for _ in range(self.draw(st.integers(1, 2)))]
         srcs = [self.on(s, av.device) for s in srcs]
@@ -535,7 +543,10 @@ class _Gen:
             cut = self.draw(st.integers(1, size - 1))
             sections = sizes = [cut, size - cut]
             sections = tuple(sections)
-        outs = [Value(tuple(s if d == axis else n for d, n in enumerate(v.shape)), v.device, v.lo, v.hi) for s in sizes]
+        outs = [
+            Value(tuple(s if d == axis else n for d, n in enumerate(v.shape)), v.device, v.lo, v.hi)
+            for s in sizes
+        ]
         self.node("split", src, sections, axis, outs=outs)
         return True
 
@@ -559,7 +570,7 @@ class _Gen:
                 b = self.draw(st.integers(0, n - 1))
                 begin.append(b)
                 end.append(self.draw(st.integers(b + 1, n)))
-            shape = tuple(e - b for b, e in zip(begin, end)) + v.shape[len(begin):]
+            shape = tuple(e - b for b, e in zip(begin, end)) + v.shape[len(begin) :]
             self.node("slice", src, tuple(begin), tuple(end), outs=[Value(shape, v.device, v.lo, v.hi)])
         return True
 
@@ -572,8 +583,26 @@ class _Gen:
 
 
 OPS = [
-    "unary", "unary", "binary", "binary", "matmul", "matmul", "bias_add", "to_device", "to_device",
-    "collective", "collective", "collective", "call", "call", "source", "softmax", "reduce", "concat", "split", "reshape_like",
+    "unary",
+    "unary",
+    "binary",
+    "binary",
+    "matmul",
+    "matmul",
+    "bias_add",
+    "to_device",
+    "to_device",
+    "collective",
+    "collective",
+    "collective",
+    "call",
+    "call",
+    "source",
+    "softmax",
+    "reduce",
+    "concat",
+    "split",
+    "reshape_like",
 ]
 
 
@@ -730,7 +759,9 @@ def build(recipe: Recipe):
             elif kind == "concat":
                 t.append(ops.concat([t[i] for i in p[0]], axis=p[1], name=name))
             elif kind == "split":
-                t.extend(ops.split(t[p[0]], p[1] if isinstance(p[1], int) else list(p[1]), axis=p[2], name=name))
+                t.extend(
+                    ops.split(t[p[0]], p[1] if isinstance(p[1], int) else list(p[1]), axis=p[2], name=name)
+                )
             elif kind == "transpose":
                 t.append(ops.transpose(t[p[0]], name=name))
             elif kind == "reshape":
@@ -805,7 +836,9 @@ def evaluate(recipe: Recipe, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarr
             vals.extend(vals[p[0]].copy() for _ in p[1])
         elif kind == "call":
             xs = [vals[i] for i in p[1]]
-            vals.append(2.0 * xs[0] if p[0] == "double" else xs[0] + xs[1] if p[0] == "add_pair" else xs[0].copy())
+            vals.append(
+                2.0 * xs[0] if p[0] == "double" else xs[0] + xs[1] if p[0] == "add_pair" else xs[0].copy()
+            )
         elif kind == "source":
             m, n = (int(d) for d in p[0].removeprefix("const_").split("x"))
             vals.append(np.arange(m * n, dtype=np.float64).reshape(m, n) / (m * n) - 0.5)
@@ -880,7 +913,11 @@ def training_recipes(draw, *, max_stages: int = 3, max_layers: int = 4) -> Train
     n_stages = draw(st.integers(1, max_stages))
     layers = draw(st.integers(n_stages, max(n_stages, max_layers)))
     # every stage gets at least one layer, in order
-    cuts = draw(st.lists(st.integers(1, layers - 1), min_size=n_stages - 1, max_size=n_stages - 1, unique=True)) if n_stages > 1 else []
+    cuts = (
+        draw(st.lists(st.integers(1, layers - 1), min_size=n_stages - 1, max_size=n_stages - 1, unique=True))
+        if n_stages > 1
+        else []
+    )
     layer_stage = tuple(sum(k >= c for c in cuts) for k in range(layers))
     widths = tuple(draw(st.lists(st.sampled_from(DIMS), min_size=layers + 1, max_size=layers + 1)))
     optimizer = draw(st.sampled_from([("sgd", 0.1, 0.0), ("sgd", 0.1, 0.9), ("adam", 0.01)]))
@@ -893,7 +930,9 @@ def training_recipes(draw, *, max_stages: int = 3, max_layers: int = 4) -> Train
         widths=widths,
         layer_stage=layer_stage,
         bias=tuple(draw(st.lists(st.booleans(), min_size=layers, max_size=layers))),
-        activations=tuple(draw(st.lists(st.sampled_from(sorted(ACTIVATIONS)), min_size=layers, max_size=layers))),
+        activations=tuple(
+            draw(st.lists(st.sampled_from(sorted(ACTIVATIONS)), min_size=layers, max_size=layers))
+        ),
         loss=draw(st.sampled_from(["mse", "cross_entropy"])),
         optimizer=optimizer,
         steps=draw(st.integers(1, 3)),
@@ -956,7 +995,9 @@ def build_training(recipe: TrainRecipe):
                 h = getattr(ops, recipe.activations[k])(h)
         last = recipe.stages[-1]
         if recipe.loss == "mse":
-            loss = ops.mse_loss(h, af.placeholder("target", (recipe.rows, recipe.widths[-1]), "float64", last))
+            loss = ops.mse_loss(
+                h, af.placeholder("target", (recipe.rows, recipe.widths[-1]), "float64", last)
+            )
         else:
             loss = ops.softmax_cross_entropy(h, af.placeholder("labels", (recipe.rows,), "int64", last))
         kind, lr, *rest = recipe.optimizer

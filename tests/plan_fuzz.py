@@ -105,12 +105,27 @@ def changed_fields(original: Any, flipped: Any, path: tuple = ()) -> list[tuple]
     if isinstance(original, dict) and isinstance(flipped, dict):
         keys = original.keys() | flipped.keys()
         return [p for k in keys for p in changed_fields(original.get(k), flipped.get(k), (*path, k))]
-    if isinstance(original, (list, tuple)) and isinstance(flipped, (list, tuple)) and len(original) == len(flipped):
-        return [p for k, (a, b) in enumerate(zip(original, flipped)) for p in changed_fields(a, b, (*path, k))]
+    if (
+        isinstance(original, (list, tuple))
+        and isinstance(flipped, (list, tuple))
+        and len(original) == len(flipped)
+    ):
+        return [
+            p for k, (a, b) in enumerate(zip(original, flipped)) for p in changed_fields(a, b, (*path, k))
+        ]
     if isinstance(original, np.ndarray) and isinstance(flipped, np.ndarray):
-        same = original.shape == flipped.shape and original.dtype == flipped.dtype and np.array_equal(original, flipped)
+        same = (
+            original.shape == flipped.shape
+            and original.dtype == flipped.dtype
+            and np.array_equal(original, flipped)
+        )
         return [] if same else [path]
-    if isinstance(original, float) and isinstance(flipped, float) and math.isnan(original) and math.isnan(flipped):
+    if (
+        isinstance(original, float)
+        and isinstance(flipped, float)
+        and math.isnan(original)
+        and math.isnan(flipped)
+    ):
         return []
     return [] if type(original) is type(flipped) and original == flipped else [path]
 
@@ -239,11 +254,15 @@ def main() -> None:
     print(table(fuzz_payload(plan)))
     plan = training_plan()
     payload = _unseal(plan.to_bytes())
-    print(f"pipeline training plan ({len(plan.actors)} actors, 2 steps), payload re-sealed: {len(payload) * 8} flips")
+    print(
+        f"pipeline training plan ({len(plan.actors)} actors, 2 steps), payload re-sealed: {len(payload) * 8} flips"
+    )
     print(table(fuzz_payload(plan, training_feeds())))
     plan = training_plan(ranks=2)
     payload = _unseal(plan.to_bytes())
-    print(f"the same over 2 ranks ({len(plan.actors)} actors), payload re-sealed, loaded only: {len(payload) * 8} flips")
+    print(
+        f"the same over 2 ranks ({len(plan.actors)} actors), payload re-sealed, loaded only: {len(payload) * 8} flips"
+    )
     print(table(load_counts(plan)))
 
 

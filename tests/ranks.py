@@ -28,7 +28,14 @@ REPO = TESTS.parent
 
 def environment(**extra: str) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]), **extra)
-    for name in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+    for name in (
+        "PMI_RANK",
+        "PMI_SIZE",
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    ):
         env.pop(name, None)
     return env
 
@@ -39,8 +46,14 @@ def launcher(n: int, *argv: str) -> list[str]:
 
 def start(n: int, *argv: str, **popen) -> subprocess.Popen:
     return subprocess.Popen(
-        launcher(n, *argv), cwd=REPO, env=environment(), start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen,
+        launcher(n, *argv),
+        cwd=REPO,
+        env=environment(),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
     )
 
 

@@ -266,8 +266,12 @@ def test_a_held_register_serves_hold_acts_and_is_released_after_the_last():
         it, ins, _ = s.take()
         seen.append((ins, s.releases(0, it)))
     assert seen == [
-        ([(5, "e5")], False), ([(5, "e5")], False), ([(5, "e5")], True),
-        ([(6, "e6")], False), ([(6, "e6")], False), ([(6, "e6")], True),
+        ([(5, "e5")], False),
+        ([(5, "e5")], False),
+        ([(5, "e5")], True),
+        ([(6, "e6")], False),
+        ([(6, "e6")], False),
+        ([(6, "e6")], True),
     ]
     assert s.current_in == [(6, "e6")]
 
@@ -300,7 +304,11 @@ def test_a_held_input_beside_a_plain_one_takes_each_at_its_own_rate():
     s.on_ready(1, 9, "w")
     got = [s.take()[1] for _ in range(3)]
     assert got == [[(0, "a0"), (9, "w")], [(1, "a1"), (9, "w")], [(2, "a2"), (9, "w")]]
-    assert [[s.releases(k, n) for k in (0, 1)] for n in range(3)] == [[True, False], [True, False], [True, True]]
+    assert [[s.releases(k, n) for k in (0, 1)] for n in range(3)] == [
+        [True, False],
+        [True, False],
+        [True, True],
+    ]
 
 
 def test_an_output_published_every_period_acts_keeps_its_buffer_until_published():

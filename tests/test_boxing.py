@@ -41,9 +41,7 @@ def source(code: str, n: int, how: str = "matmul"):
         a = af.placeholder("a", A.shape, "float64", devices, af.S(1))
         w = af.parameter("w", W, devices, af.S(0))
         t = af.ops.matmul(a, w)
-        parts = [
-            a_part @ w_part for a_part, w_part in zip(np.split(A, n, axis=1), np.split(W, n, axis=0))
-        ]
+        parts = [a_part @ w_part for a_part, w_part in zip(np.split(A, n, axis=1), np.split(W, n, axis=0))]
         return t, PRODUCT, {"a": A}, parts
     if code == "P":
         t = af.box(af.placeholder("v", V.shape, "float64", devices, af.B), af.P)

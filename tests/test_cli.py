@@ -27,9 +27,18 @@ def test_demo_prints_the_plan_and_the_error(capsys):
     assert code == 0, out + err
     # the plan summary
     assert out.startswith("Plan: ")
-    for part in ("stream cpu:0/compute", "stream cpu:1/copy", "stream rank0/collective",
-                 "quota 2", "events (producer -> consumer", "collective order",
-                 "planned memory", "cpu:0:", "cpu:1:", "w0 (parameter)"):
+    for part in (
+        "stream cpu:0/compute",
+        "stream cpu:1/copy",
+        "stream rank0/collective",
+        "quota 2",
+        "events (producer -> consumer",
+        "collective order",
+        "planned memory",
+        "cpu:0:",
+        "cpu:1:",
+        "w0 (parameter)",
+    ):
         assert part in out, part
     # the run and its check against numpy
     assert "ran 3 iterations (batch 64, width 256, quota 2)" in out

@@ -56,7 +56,9 @@ def malformed_argv(tmp_path, spec) -> tuple[str, list[str], str]:
 
 @pytest.mark.usefixtures("no_running")
 @pytest.mark.parametrize("command", ["run", "compile"])
-@pytest.mark.parametrize(("spec", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+@pytest.mark.parametrize(
+    ("spec", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED]
+)
 def test_malformed_configs_exit_2_with_one_line(capsys, tmp_path, command, spec, message):
     config, sets, source = malformed_argv(tmp_path, spec)
     code, out, err = run_cli(capsys, command, config, *sets)
@@ -118,7 +120,9 @@ def test_run_prints_the_table_and_writes_metrics_and_trace(capsys, tmp_path, tin
 
 def test_run_metrics_path_from_the_config(capsys, tmp_path, tiny):
     metrics = tmp_path / "from-config.json"
-    code, _, err = run_cli(capsys, "run", str(tiny), "--steps", "2", "--quiet", "--set", f"output.metrics={metrics}")
+    code, _, err = run_cli(
+        capsys, "run", str(tiny), "--steps", "2", "--quiet", "--set", f"output.metrics={metrics}"
+    )
     assert code == 0, err
     assert len(json.loads(metrics.read_text())["losses"]) == 2
 
@@ -133,12 +137,16 @@ def test_run_without_quiet_reports_progress_on_stderr(capsys, tiny):
 def test_no_progress_bar_frames_when_stderr_is_not_a_terminal(tiny):
     proc = subprocess.run(
         [sys.executable, "-m", "actorflow", "run", str(tiny), "--steps", "4"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "\r" not in proc.stderr
     lines = proc.stderr.splitlines()
-    assert len(lines) == 4 and all(re.fullmatch(rf"step {k}/4 loss \d+\.\d{{4}}", line) for k, line in enumerate(lines, 1)), lines
+    assert len(lines) == 4 and all(
+        re.fullmatch(rf"step {k}/4 loss \d+\.\d{{4}}", line) for k, line in enumerate(lines, 1)
+    ), lines
 
 
 def test_quiet_prints_no_per_step_loss(capsys, tiny):
@@ -182,7 +190,9 @@ def test_compile_dot_is_graphviz_with_a_cluster_per_stream_and_an_edge_per_regis
     edges = re.findall(r"^\s+(a\d+) -> (a\d+) ", out, re.M)
     uses = [(r.producer, c.actor) for r in plan.registers if not r.is_parameter for c in r.consumers]
     assert sorted(edges) == sorted((f"a{p}", f"a{c}") for p, c in uses)
-    assert len(re.findall('style="dashed"', out)) == sum(len(r.consumers) for r in plan.registers if r.control)
+    assert len(re.findall('style="dashed"', out)) == sum(
+        len(r.consumers) for r in plan.registers if r.control
+    )
 
 
 @pytest.mark.usefixtures("no_running")
@@ -200,7 +210,9 @@ def test_compile_shows_the_streams_of_each_rank_against_the_limit(capsys, tiny):
     kinds = sorted({s.kind for s in plan.streams})
     counts = ", ".join(f"{sum(s.kind == k for s in plan.streams)} {k}" for k in kinds)
     assert out.splitlines()[1] == f"streams of rank 0: {len(plan.streams)} of max_streams 9 ({counts})"
-    code, out, err = run_cli(capsys, "compile", str(tiny), "--set", f"runtime.max_streams={len(plan.streams) - 1}")
+    code, out, err = run_cli(
+        capsys, "compile", str(tiny), "--set", f"runtime.max_streams={len(plan.streams) - 1}"
+    )
     assert code != 0 and f"needs {len(plan.streams)} streams" in out + err
 
 
@@ -232,5 +244,8 @@ def test_a_trace_past_its_limit_keeps_the_last_steps_and_says_so(capsys, tmp_pat
     assert code == 0, err
     kept_from = json.loads(trace.read_text())["otherData"]["kept_from"]
     assert 0 < kept_from < 20
-    assert f"trace written to {trace} (the spans of {kept_from} iterations before {kept_from} were dropped" in out
+    assert (
+        f"trace written to {trace} (the spans of {kept_from} iterations before {kept_from} were dropped"
+        in out
+    )
     assert f"bubble measured over the last {20 - kept_from} of 20 steps" in out

@@ -191,7 +191,11 @@ def test_broadcast(n, where, dtype):
         check(out[f"y{k}"], np.tanh(xs), dtype)
 
 
-@pytest.mark.parametrize("targets", [["cpu:2", "cpu:0", "cpu:1"], ["cpu:3", "cpu:1"], ["cpu:1", "cpu:3", "cpu:0", "cpu:2"]], ids=str)
+@pytest.mark.parametrize(
+    "targets",
+    [["cpu:2", "cpu:0", "cpu:1"], ["cpu:3", "cpu:1"], ["cpu:1", "cpu:3", "cpu:0", "cpu:2"]],
+    ids=str,
+)
 def test_broadcast_to_unsorted_targets_then_compute_per_device(targets):
     xs = rand((6,), "float64", seed=50)
     with af.Graph() as g:

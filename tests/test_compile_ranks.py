@@ -61,7 +61,10 @@ def test_a_copy_to_another_rank_becomes_a_send_and_a_receive():
     assert recv.inputs == () and plan.registers[recv.outputs[0]].name == "cp"
     # the all-reduce stays one collective, each participant on its rank's collective stream
     (coll,) = plan.collectives
-    assert sorted(stream_name(plan, plan.actors[a]) for a in coll.actors) == ["rank0/collective", "rank1/collective"]
+    assert sorted(stream_name(plan, plan.actors[a]) for a in coll.actors) == [
+        "rank0/collective",
+        "rank1/collective",
+    ]
 
 
 def test_every_rank_gets_the_outputs():

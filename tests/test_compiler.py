@@ -32,9 +32,7 @@ def sync_of(plan: af.Plan, consumer: str, producer: str) -> str:
     """How ``consumer``'s input from ``producer`` is kept in order (``Input.sync``)."""
     actors = by_name(plan)
     c = actors[consumer]
-    syncs = [
-        i.sync for i in c.inputs if plan.registers[i.register].producer == actors[producer].id
-    ]
+    syncs = [i.sync for i in c.inputs if plan.registers[i.register].producer == actors[producer].id]
     assert len(syncs) == 1, f"{consumer} has {len(syncs)} inputs from {producer}"
     return syncs[0]
 
@@ -331,8 +329,11 @@ def test_independent_events_are_both_kept():
 def test_every_implied_input_is_covered_by_another_input(graph):
     from actorflow.compiler.topology import data_edges, reachable, unit_of
 
-    plan = af.compile({"two_device": two_device_graph, "two_collective": two_collective_graph,
-                       "priority": priority_graph}[graph]())
+    plan = af.compile(
+        {"two_device": two_device_graph, "two_collective": two_collective_graph, "priority": priority_graph}[
+            graph
+        ]()
+    )
     unit = unit_of(plan)
     edges = data_edges(plan)
     for coll_or_actor in plan.actors:
@@ -518,7 +519,11 @@ def test_a_consumer_given_the_collective_result_at_completion_keeps_its_place():
 
     def order(plan):
         stream = by_name(plan)["after_ar"].stream
-        return [a.name for a in sorted(plan.actors, key=lambda a: a.priority) if a.stream == stream and a.name != "r1"]
+        return [
+            a.name
+            for a in sorted(plan.actors, key=lambda a: a.priority)
+            if a.stream == stream and a.name != "r1"
+        ]
 
     assert order(on) == order(off)
 
@@ -529,15 +534,17 @@ def test_priority_false_turns_compute_first_off():
     by_on, by_off = by_name(on), by_name(off)
     # the collective's consumer is no longer put after everything else on its stream
     late = by_off["after_ar"]
-    assert any(
-        a.priority > late.priority for a in off.actors if a.stream == late.stream and a is not late
-    )
+    assert any(a.priority > late.priority for a in off.actors if a.stream == late.stream and a is not late)
     # with it on, what a collective reads goes first on its stream
     collective_streams = {s.id for s in on.streams if s.kind == "collective"}
     feeders = {
         a.name
         for a in on.actors
-        if any(on.actors[c.actor].stream in collective_streams for o in a.outputs for c in on.registers[o].consumers)
+        if any(
+            on.actors[c.actor].stream in collective_streams
+            for o in a.outputs
+            for c in on.registers[o].consumers
+        )
         and a.stream not in collective_streams
     }
     assert feeders
@@ -547,9 +554,7 @@ def test_priority_false_turns_compute_first_off():
         assert all(actor.priority < a.priority for a in others)
     # and apart from those, the launch order is the same
     rest = [n for n in by_on if n != "after_ar" and n not in feeders]
-    assert sorted(rest, key=lambda n: by_on[n].priority) == sorted(
-        rest, key=lambda n: by_off[n].priority
-    )
+    assert sorted(rest, key=lambda n: by_on[n].priority) == sorted(rest, key=lambda n: by_off[n].priority)
 
 
 @pytest.mark.parametrize("priority", [True, False])

@@ -98,11 +98,27 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
     ("list-from-str", ("parallel.stages=cpu:0",), "parallel.stages: expected a list, got 'cpu:0'"),
     ("list-entry", ("model.sizes=[64, x, 10]",), "model.sizes[1]: expected an integer, got 'x'"),
     ("model-kind", ("model.kind=cnn",), "model.kind: expected one of mlp, got 'cnn'"),
-    ("activation", ("model.activation=sigmoid",), "model.activation: expected one of relu, tanh, gelu, got 'sigmoid'"),
+    (
+        "activation",
+        ("model.activation=sigmoid",),
+        "model.activation: expected one of relu, tanh, gelu, got 'sigmoid'",
+    ),
     ("dtype", ("model.dtype=float16",), "model.dtype: expected one of float32, float64, got 'float16'"),
-    ("optimizer-kind", ("train.optimizer.kind=rmsprop",), "train.optimizer.kind: expected one of sgd, adam, got 'rmsprop'"),
-    ("schedule", ("parallel.schedule=zigzag",), "parallel.schedule: expected one of gpipe, 1f1b, got 'zigzag'"),
-    ("sizes-too-few", ("model.sizes=[64]",), "model.sizes: expected at least 2 sizes (input and output), got [64]"),
+    (
+        "optimizer-kind",
+        ("train.optimizer.kind=rmsprop",),
+        "train.optimizer.kind: expected one of sgd, adam, got 'rmsprop'",
+    ),
+    (
+        "schedule",
+        ("parallel.schedule=zigzag",),
+        "parallel.schedule: expected one of gpipe, 1f1b, got 'zigzag'",
+    ),
+    (
+        "sizes-too-few",
+        ("model.sizes=[64]",),
+        "model.sizes: expected at least 2 sizes (input and output), got [64]",
+    ),
     ("size-zero", ("model.sizes=[64, 0, 10]",), "model.sizes[1]: must be >= 1, got 0"),
     ("steps-zero", ("train.steps=0",), "train.steps: must be >= 1, got 0"),
     ("seed-negative", ("data.seed=-1",), "data.seed: must be >= 0, got -1"),
@@ -120,7 +136,11 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
         "train.optimizer.beta1: only adam uses beta1, but train.optimizer.kind is sgd",
     ),
     ("samples-below-batch", ("data.samples=100",), "data.samples: 100 is less than train.batch_size 256"),
-    ("micro-batches", ("parallel.micro_batches=3",), "parallel.micro_batches: 3 does not divide train.batch_size 256"),
+    (
+        "micro-batches",
+        ("parallel.micro_batches=3",),
+        "parallel.micro_batches: 3 does not divide train.batch_size 256",
+    ),
     (
         "replica-share",
         ("parallel.data_parallel=3", _DP3_STAGES),
@@ -174,10 +194,22 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
         "parallel.partition: expected one entry per stage (2), got [4]",
     ),
     ("partition-zero", ("parallel.partition=[0, 4]",), "parallel.partition[0]: must be >= 1, got 0"),
-    ("partition-sum", ("parallel.partition=[1, 2]",), "parallel.partition: sums to 3 but model.sizes has 4 layers"),
-    ("set-without-equals", ("parallel.micro_batches",), "--set parallel.micro_batches: expected dotted.path=value"),
+    (
+        "partition-sum",
+        ("parallel.partition=[1, 2]",),
+        "parallel.partition: sums to 3 but model.sizes has 4 layers",
+    ),
+    (
+        "set-without-equals",
+        ("parallel.micro_batches",),
+        "--set parallel.micro_batches: expected dotted.path=value",
+    ),
     ("set-empty-key", ("train..steps=1",), "--set train..steps=1: empty key in the path"),
-    ("set-through-scalar", ("train.steps.max=1",), "--set train.steps.max: train.steps is 100, not a mapping"),
+    (
+        "set-through-scalar",
+        ("train.steps.max=1",),
+        "--set train.steps.max: train.steps is 100, not a mapping",
+    ),
     (
         "set-bad-yaml",
         ("train.steps=[1,",),
@@ -202,7 +234,11 @@ def test_the_baseline_loads_normalised():
     assert config.train.optimizer == OptimizerConfig(kind="sgd", lr=0.05)
     assert config.parallel.stages == (("cpu:0",), ("cpu:1",))
     assert config.parallel.devices == ("cpu:0", "cpu:1")
-    assert (config.parallel.micro_batches, config.parallel.schedule, config.parallel.partition) == (4, "1f1b", None)
+    assert (config.parallel.micro_batches, config.parallel.schedule, config.parallel.partition) == (
+        4,
+        "1f1b",
+        None,
+    )
     assert config.runtime == RuntimeConfig(quota=2, priority=True, fusion=True)
     assert (config.output.metrics, config.output.trace) == (None, None)
     assert (config.layers, config.features, config.classes) == (4, 64, 10)
@@ -297,7 +333,9 @@ def test_overrides_set_scalars_lists_and_whole_sections():
     assert config.train.steps == 6  # the last override wins
 
 
-@pytest.mark.parametrize(("text", "value"), [("1e-3", 1e-3), ("2E-2", 2e-2), ("5e1", 50.0), ("1.5e-3", 1.5e-3)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("1e-3", 1e-3), ("2E-2", 2e-2), ("5e1", 50.0), ("1.5e-3", 1.5e-3)]
+)
 def test_exponent_floats_read_as_numbers_in_files_and_overrides(text, value):
     in_file = BASELINE_YAML.replace("lr: 0.05", f"lr: {text}")
     assert in_file != BASELINE_YAML
@@ -312,7 +350,9 @@ def test_overrides_create_omitted_sections_and_leave_the_input_alone():
     assert json.dumps(raw) == before
 
 
-@pytest.mark.parametrize(("spec", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED])
+@pytest.mark.parametrize(
+    ("spec", "message"), [case[1:] for case in MALFORMED], ids=[case[0] for case in MALFORMED]
+)
 def test_malformed_configs_fail_with_one_line(spec, message):
     with pytest.raises(ConfigError) as caught:
         load_case(spec)
@@ -334,7 +374,9 @@ def test_file_problems_name_the_file(tmp_path):
     broken.write_text("model: {kind: mlp\ndata: {samples: 1}\n")
     with pytest.raises(ConfigError) as caught:
         load_config(broken)
-    assert str(caught.value) == f"{broken}: invalid YAML at line 2, column 5: expected ',' or '}}', but got ':'"
+    assert (
+        str(caught.value) == f"{broken}: invalid YAML at line 2, column 5: expected ',' or '}}', but got ':'"
+    )
 
 
 def test_config_error_is_a_value_error():
@@ -361,5 +403,7 @@ def test_batches_load_iff_every_replica_gets_an_equal_share(batch, micro_batches
         config = parse_config(raw)
         assert config.replica_batch_size * replicas * micro_batches == batch
     else:
-        with pytest.raises(ConfigError, match=r"^parallel\.(micro_batches|data_parallel): \d+ does not divide "):
+        with pytest.raises(
+            ConfigError, match=r"^parallel\.(micro_batches|data_parallel): \d+ does not divide "
+        ):
             parse_config(raw)

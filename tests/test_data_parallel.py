@@ -20,7 +20,11 @@ def mlp(devices: int, optimizer, loss_kind: str = "xent"):
     with af.Graph() as g:
         if devices == 1:
             x = af.placeholder("x", (N, D), "float64")
-            y = af.placeholder("y", (N,), "int64") if loss_kind == "xent" else af.placeholder("y", (N, C), "float64")
+            y = (
+                af.placeholder("y", (N,), "int64")
+                if loss_kind == "xent"
+                else af.placeholder("y", (N, C), "float64")
+            )
             w1, b1, w2 = af.parameter("w1", W1), af.parameter("b1", B1), af.parameter("w2", W2)
         else:
             place = [f"cpu:{k}" for k in range(devices)]

@@ -583,8 +583,10 @@ def test_data_parallel_training_with_fusion_matches_without():
     # tensors are ready (the loss, then the last layer's gradients first)
     assert buckets(fused) == [["loss_mean", "grad_w2", "grad_b1", "grad_w1"]]
     batches = [
-        {**{f"x{k}": rng_values((4, 3), seed=50 * s + k) for k in range(n)},
-         **{f"y{k}": rng_values((4, 2), seed=50 * s + 10 + k) for k in range(n)}}
+        {
+            **{f"x{k}": rng_values((4, 3), seed=50 * s + k) for k in range(n)},
+            **{f"y{k}": rng_values((4, 2), seed=50 * s + 10 + k) for k in range(n)},
+        }
         for s in range(4)
     ]
     with af.Session(fused) as s1, af.Session(plain) as s2:

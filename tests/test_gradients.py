@@ -123,9 +123,7 @@ def check_gradients(build, inputs, fixed=None, params=(), seed=0):
     y, analytic = analytic_gradients(build, inputs, fixed, params, seed)
     np.testing.assert_allclose(y, y_num, rtol=1e-12, atol=1e-12)
     for name in inputs:
-        np.testing.assert_allclose(
-            analytic[name], numeric[name], rtol=RTOL, atol=ATOL, err_msg=f"d/d{name}"
-        )
+        np.testing.assert_allclose(analytic[name], numeric[name], rtol=RTOL, atol=ATOL, err_msg=f"d/d{name}")
     return analytic
 
 
@@ -136,7 +134,12 @@ def dev(k):
 # -- elementwise -------------------------------------------------------------------------
 
 BROADCASTS = [
-    ((2, 3), (2, 3)), ((2, 3), (3,)), ((3,), (2, 3)), ((2, 1), (1, 3)), ((), (2, 2)), ((2, 1, 2), (3, 1)),
+    ((2, 3), (2, 3)),
+    ((2, 3), (3,)),
+    ((3,), (2, 3)),
+    ((2, 1), (1, 3)),
+    ((), (2, 2)),
+    ((2, 1, 2), (3, 1)),
 ]
 BINARY = {"add": af.ops.add, "sub": af.ops.sub, "mul": af.ops.mul, "div": af.ops.div}
 
@@ -174,7 +177,10 @@ def test_softmax(shape, axis):
 @pytest.mark.parametrize(
     "sa,sb",
     [
-        ((2, 3), (3, 2)), ((1, 1), (1, 3)), ((2, 2, 3), (3, 2)), ((3, 2), (2, 2, 2)),
+        ((2, 3), (3, 2)),
+        ((1, 1), (1, 3)),
+        ((2, 2, 3), (3, 2)),
+        ((3, 2), (2, 2, 2)),
         ((2, 1, 2, 3), (1, 2, 3, 2)),
     ],
     ids=str,

@@ -57,7 +57,11 @@ def start(*argv: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "actorflow.cli", "launch", *argv],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -143,9 +147,15 @@ def test_lines_are_rebuilt_per_rank_from_hydras_chunks():
     lines = [line for i in range(0, len(stream), 5) for line in demux.feed(stream[i : i + 5])]
     lines += demux.close()
     assert lines == [
-        (1, b"out 1 a\n"), (1, b"out 1 b\n"), (0, b"out 0 a\n"),
-        (0, b"\r"), (0, b" 10%\r"), (0, b" 20%\r"), (0, b" 30%\r"),
-        (None, b"[mpiexec@vm] Exit codes: [localhost] 0,0\n"), (1, b"no newline\n"),
+        (1, b"out 1 a\n"),
+        (1, b"out 1 b\n"),
+        (0, b"out 0 a\n"),
+        (0, b"\r"),
+        (0, b" 10%\r"),
+        (0, b" 20%\r"),
+        (0, b" 30%\r"),
+        (None, b"[mpiexec@vm] Exit codes: [localhost] 0,0\n"),
+        (1, b"no newline\n"),
     ]
 
 
@@ -182,8 +192,11 @@ def test_each_ranks_lines_come_back_prefixed_by_its_rank(rank_script):
 @pytest.mark.parametrize(
     "codes, status, report",
     [
-        (["5", "200", "3"], 200,
-         "rank 0 exited with status 5; rank 1 exited with status 200; rank 2 exited with status 3"),
+        (
+            ["5", "200", "3"],
+            200,
+            "rank 0 exited with status 5; rank 1 exited with status 200; rank 2 exited with status 3",
+        ),
         (["kill"], 137, "rank 0 was killed by SIGKILL (signal 9)"),
     ],
 )
@@ -257,6 +270,11 @@ def test_the_help_says_what_it_sets_and_how_to_go_across_machines(capsys):
     code, out, _ = run_cli(capsys, "launch", "--help")
     assert code == 0
     text = " ".join(out.split())
-    for part in ("-launcher fork -iface lo -host localhost", "UCX_TLS=self,sm", "-disable-auto-cleanup",
-                 "actorflow launch -n 4 --hostfile hosts -- actorflow run configs/2x2.yaml", "mpiexec -n N"):
+    for part in (
+        "-launcher fork -iface lo -host localhost",
+        "UCX_TLS=self,sm",
+        "-disable-auto-cleanup",
+        "actorflow launch -n 4 --hostfile hosts -- actorflow run configs/2x2.yaml",
+        "mpiexec -n N",
+    ):
         assert part in text, part

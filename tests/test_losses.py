@@ -46,9 +46,7 @@ def test_mse_loss_value(shape, dtype):
 
 @pytest.mark.parametrize("shape", [(), (4,), (2, 3)], ids=str)
 def test_mse_loss_gradients(shape):
-    check_gradients(
-        lambda t: af.ops.mse_loss(t["p"], t["t"]), {"p": rand(shape, 3), "t": rand(shape, 4)}
-    )
+    check_gradients(lambda t: af.ops.mse_loss(t["p"], t["t"]), {"p": rand(shape, 3), "t": rand(shape, 4)})
 
 
 def test_mse_loss_gradient_closed_form():

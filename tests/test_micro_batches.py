@@ -59,7 +59,9 @@ def two_stage_mlp(rows, optimizer, devices=STAGES, slow=None):
 
 def step_feeds(m, x=X, labels=LABELS):
     rows = len(x) // m
-    return [{"x": x[k * rows : (k + 1) * rows], "labels": labels[k * rows : (k + 1) * rows]} for k in range(m)]
+    return [
+        {"x": x[k * rows : (k + 1) * rows], "labels": labels[k * rows : (k + 1) * rows]} for k in range(m)
+    ]
 
 
 def train(plan, feeds, steps=STEPS):
@@ -115,7 +117,9 @@ def test_pipelined_training_equals_the_whole_batch_on_one_device(m, optimizer, s
 
 def test_a_run_of_several_steps_at_once_equals_steps_one_by_one():
     m = 4
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule="1f1b")
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule="1f1b"
+    )
     with af.Session(plan) as s:
         outs = s.run(step_feeds(m) * STEPS)  # STEPS steps, pipelined across step boundaries
         together = s.parameters()
@@ -126,7 +130,9 @@ def test_a_run_of_several_steps_at_once_equals_steps_one_by_one():
 
 def test_micro_batched_plans_round_trip():
     m = 2
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m, stages=STAGES, schedule="gpipe")
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m, stages=STAGES, schedule="gpipe"
+    )
     same = af.Plan.from_bytes(plan.to_bytes())
     assert same == plan and same.micro_batches == m
     assert [a.every for a in same.actors] == [a.every for a in plan.actors]
@@ -153,7 +159,9 @@ def shared_parameter_graph(rows):
 @pytest.mark.parametrize("m", [2, 4])
 def test_a_parameter_read_on_two_devices_is_copied_once_per_step(m):
     target = RNG.standard_normal((N, C))
-    feeds = [{"x": f["x"], "t": target[k * (N // m) : (k + 1) * (N // m)]} for k, f in enumerate(step_feeds(m))]
+    feeds = [
+        {"x": f["x"], "t": target[k * (N // m) : (k + 1) * (N // m)]} for k, f in enumerate(step_feeds(m))
+    ]
     want, _ = train(af.compile(shared_parameter_graph(N)), [{"x": X, "t": target}])
     plan = af.compile(shared_parameter_graph(N // m), micro_batches=m, stages=STAGES, schedule="1f1b")
     actors = {a.name: a for a in plan.actors}
@@ -184,7 +192,9 @@ def test_rates_repeats_and_accumulates(m):
     assert len(variables) == len(updates) == 3
 
     # one repeat per variable, on its device; every per-micro-batch read goes through it
-    assert sorted(producer(plan, a.inputs[0].register).name for a in repeats) == sorted(v.name for v in variables)
+    assert sorted(producer(plan, a.inputs[0].register).name for a in repeats) == sorted(
+        v.name for v in variables
+    )
     for var in variables:
         (reg,) = var.outputs
         readers = sorted(plan.actors[c.actor].op for c in plan.registers[reg].consumers)
@@ -198,7 +208,9 @@ def test_rates_repeats_and_accumulates(m):
         assert acc.attrs == {"micro_batches": m} and acc.backward
         assert producer(plan, acc.inputs[0].register).every == 1
     for update in updates:
-        data_inputs = [producer(plan, i.register) for i in update.inputs if not plan.registers[i.register].is_parameter]
+        data_inputs = [
+            producer(plan, i.register) for i in update.inputs if not plan.registers[i.register].is_parameter
+        ]
         assert [p.op for p in data_inputs if p.kind != "variable"] == ["accumulate"], update.name
 
 
@@ -210,14 +222,22 @@ def test_one_micro_batch_adds_nothing():
 
 
 def stage_of(device, stages=STAGES):
-    return next(s for s, devices in enumerate(stages) if device in ([devices] if isinstance(devices, str) else devices))
+    return next(
+        s
+        for s, devices in enumerate(stages)
+        if device in ([devices] if isinstance(devices, str) else devices)
+    )
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_kept_for_backward_registers_get_the_schedule_quota(m, schedule):
     plan = af.compile(
-        two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule=schedule, quota=3
+        two_stage_mlp(N // m, OPTIMIZERS["adam"]()),
+        micro_batches=m,
+        stages=STAGES,
+        schedule=schedule,
+        quota=3,
     )
     kept = kept_for_backward(plan)
     p = len(STAGES)
@@ -234,10 +254,13 @@ def test_kept_for_backward_registers_get_the_schedule_quota(m, schedule):
         assert plan.registers[i].quota == (max(m, 3) if schedule == "gpipe" else 3), plan.registers[i].name
     # the rest keep the default quota
     others = {r.id for r in plan.registers} - {r.id for r in kept} - crossing
-    data = [plan.registers[i] for i in others if not plan.registers[i].is_parameter and not plan.registers[i].control]
+    data = [
+        plan.registers[i]
+        for i in others
+        if not plan.registers[i].is_parameter and not plan.registers[i].control
+    ]
     variables = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
     assert {r.quota for r in data if r.id not in variables} == {3}
-
 
 
 @pytest.mark.parametrize("priority", [True, False])
@@ -253,6 +276,7 @@ def test_a_stage_computes_the_gradient_the_previous_stage_waits_for_first(priori
     rivals = [a for a in plan.actors if a.stream == grad.stream and a.id != grad.id]
     first = all(grad.priority < a.priority for a in rivals)
     assert first == priority
+
 
 def test_three_stage_1f1b_quotas_count_down():
     """Three stages: 1F1B keeps 3, 2, 1 micro-batches."""
@@ -305,7 +329,15 @@ def test_user_quotas_override_the_schedule():
         ({"schedule": "gpipe", "stages": ["cpu:0", 7]}, "stages: "),
         ({"schedule": "1f1b", "stages": ["cpu:0"]}, "lives on cpu:1, which no stage lists"),
     ],
-    ids=["bad-schedule", "no-stages", "empty-stages", "unknown-device", "device-none", "stage-int", "stage-missing"],
+    ids=[
+        "bad-schedule",
+        "no-stages",
+        "empty-stages",
+        "unknown-device",
+        "device-none",
+        "stage-int",
+        "stage-missing",
+    ],
 )
 def test_bad_schedules_and_stages_are_compile_errors(kwargs, match):
     with pytest.raises(af.CompileError, match=match):
@@ -324,7 +356,9 @@ def test_a_device_in_two_stages_is_a_compile_error():
 
 def test_stages_given_as_one_string_is_a_compile_error_saying_so():
     with pytest.raises(af.CompileError, match="a list"):
-        af.compile(two_stage_mlp(N // 2, OPTIMIZERS["adam"]()), micro_batches=2, stages="cpu:0", schedule="1f1b")
+        af.compile(
+            two_stage_mlp(N // 2, OPTIMIZERS["adam"]()), micro_batches=2, stages="cpu:0", schedule="1f1b"
+        )
 
 
 @pytest.mark.parametrize("m", [0, -1, 2.5, "2", True, None])
@@ -335,7 +369,10 @@ def test_micro_batches_must_be_a_positive_int(m):
 
 def test_canonical_stage_device_names_are_accepted():
     plan = af.compile(
-        two_stage_mlp(N // 2, OPTIMIZERS["adam"]()), micro_batches=2, stages=["cpu:00", " cpu:1"], schedule="1f1b"
+        two_stage_mlp(N // 2, OPTIMIZERS["adam"]()),
+        micro_batches=2,
+        stages=["cpu:00", " cpu:1"],
+        schedule="1f1b",
     )
     assert {r.quota for r in kept_for_backward(plan) if r.device == "cpu:0"} == {2}
 
@@ -360,7 +397,9 @@ def test_a_run_takes_whole_steps(m):
 
 def test_outputs_come_back_one_dict_per_micro_batch():
     m = 4
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m, stages=STAGES, schedule="1f1b")
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m, stages=STAGES, schedule="1f1b"
+    )
     feeds = step_feeds(m)
     with af.Session(plan) as s:
         outs = s.run(feeds)
@@ -378,13 +417,21 @@ def test_no_buffer_is_written_while_still_read(schedule):
     starts only after every read of what that buffer held before (repeats' holds and
     accumulates' periods included), and the runtime counts every register."""
     m = 4
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["adam"]()), micro_batches=m, stages=STAGES, schedule=schedule, quota=2)
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["adam"]()),
+        micro_batches=m,
+        stages=STAGES,
+        schedule=schedule,
+        quota=2,
+    )
     with af.Session(plan, trace=True) as s:
         s.run(step_feeds(m) * 3)
         stats = s.register_stats()
         spans = s.recorder.kernels()
     regs = {r.name: r for r in plan.registers if r.producer >= 0}
-    assert {name: stat["quota"] for name, stat in stats.items()} == {name: r.quota for name, r in regs.items()}
+    assert {name: stat["quota"] for name, stat in stats.items()} == {
+        name: r.quota for name, r in regs.items()
+    }
     kinds = {a.op for a in plan.actors}
     assert {"repeat", "accumulate"} <= kinds
     assert check_quotas_in_trace(plan, spans) > 0
@@ -400,7 +447,12 @@ def test_a_slow_last_stage_fills_the_first_stage_up_to_its_schedule_quota(slow, 
     """With the last stage slow, stage 0 runs ahead as far as its quota lets it: p - s
     micro-batches for 1F1B, m for GPipe, and never more."""
     m, p = 4, 2
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"](), slow=slow), micro_batches=m, stages=STAGES, schedule=schedule)
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"](), slow=slow),
+        micro_batches=m,
+        stages=STAGES,
+        schedule=schedule,
+    )
     assert any(a.attrs.get("fn") is slow for a in plan.actors)
     with af.Session(plan) as s:
         s.run(step_feeds(m) * 2)
@@ -459,7 +511,9 @@ def test_two_stages_of_two_replicas_equal_one_device(optimizer, schedule, fusion
     assert collectives and {a.every for a in collectives} == {m}
     for coll in collectives:
         assert {producer(plan, i.register).op for i in coll.inputs} == {"accumulate"}, coll.name
-    assert len([a for a in plan.actors if a.op == "accumulate"]) == len([a for a in plan.actors if a.kind == "update"])
+    assert len([a for a in plan.actors if a.op == "accumulate"]) == len(
+        [a for a in plan.actors if a.kind == "update"]
+    )
     for reg in kept_for_backward(plan):
         assert reg.quota == (m if schedule == "gpipe" else 2 - stage_of(reg.device, stages)), reg.name
 
@@ -512,7 +566,9 @@ def test_pipelined_parameters_equal_unpipelined(m, rows, steps, quota, schedule,
     data = np.random.default_rng(seed + 1)
     x = data.standard_normal((batch, widths[0]))
     t = data.standard_normal((batch, widths[-1]))
-    want, _ = train(af.compile(mlp_graph(widths, batch, ["cpu:0"], seed), quota=quota), [{"x": x, "t": t}], steps)
+    want, _ = train(
+        af.compile(mlp_graph(widths, batch, ["cpu:0"], seed), quota=quota), [{"x": x, "t": t}], steps
+    )
     plan = af.compile(
         mlp_graph(widths, rows, STAGES, seed),
         quota=quota,

@@ -131,7 +131,9 @@ def test_binary_broadcasting(op, dtype, shapes):
     sa, sb = shapes
     a = rand(sa, dtype, seed=2)
     # keep denominators away from zero
-    b = rand(sb, dtype, seed=3, low=0.5, high=2.0) * np.where(rand(sb, dtype, seed=4) < 0, -1, 1).astype(dtype)
+    b = rand(sb, dtype, seed=3, low=0.5, high=2.0) * np.where(rand(sb, dtype, seed=4) < 0, -1, 1).astype(
+        dtype
+    )
 
     def build():
         x = af.placeholder("a", sa, dtype)
@@ -160,7 +162,9 @@ def test_integer_binary(op):
     b = np.array([3, -1, 2, 7], np.int64)
 
     def build():
-        af.output("y", getattr(af.ops, op)(af.placeholder("a", (3, 4), "int64"), af.placeholder("b", (4,), "int64")))
+        af.output(
+            "y", getattr(af.ops, op)(af.placeholder("a", (3, 4), "int64"), af.placeholder("b", (4,), "int64"))
+        )
 
     y = run_graph(build, {"a": a, "b": b})["y"]
     assert y.dtype == np.int64
@@ -351,7 +355,16 @@ def test_reshape(dtype, shape, new, expected):
 
 
 @pytest.mark.parametrize(
-    "shape,perm", [((3, 4), None), ((3, 4), (1, 0)), ((2, 3, 4), None), ((2, 3, 4), (1, 0, 2)), ((2, 3, 4), (2, 0, 1)), ((5,), (0,))], ids=str
+    "shape,perm",
+    [
+        ((3, 4), None),
+        ((3, 4), (1, 0)),
+        ((2, 3, 4), None),
+        ((2, 3, 4), (1, 0, 2)),
+        ((2, 3, 4), (2, 0, 1)),
+        ((5,), (0,)),
+    ],
+    ids=str,
 )
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_transpose(dtype, shape, perm):
@@ -550,7 +563,9 @@ def test_to_device_same_device_is_the_same_tensor():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "chain", [["cpu:1"], ["cpu:1", "cpu:2"], ["cpu:1", "cpu:2", "cpu:3", "cpu:0"], ["cpu:3", "cpu:0", "cpu:3"]], ids=str
+    "chain",
+    [["cpu:1"], ["cpu:1", "cpu:2"], ["cpu:1", "cpu:2", "cpu:3", "cpu:0"], ["cpu:3", "cpu:0", "cpu:3"]],
+    ids=str,
 )
 def test_to_device_chain(chain, dtype):
     xs = rand((3, 4), dtype, seed=31)
@@ -591,9 +606,15 @@ def test_two_stage_mlp_on_two_devices(dtype):
 
     def build():
         x = af.placeholder("x", (8, 16), dtype, "cpu:0")
-        h = af.ops.gelu(af.ops.bias_add(af.ops.matmul(x, af.parameter("w1", w1, "cpu:0")), af.parameter("b1", b1, "cpu:0")))
+        h = af.ops.gelu(
+            af.ops.bias_add(
+                af.ops.matmul(x, af.parameter("w1", w1, "cpu:0")), af.parameter("b1", b1, "cpu:0")
+            )
+        )
         h = af.ops.to_device(h, "cpu:1")
-        z = af.ops.bias_add(af.ops.matmul(h, af.parameter("w2", w2, "cpu:1")), af.parameter("b2", b2, "cpu:1"))
+        z = af.ops.bias_add(
+            af.ops.matmul(h, af.parameter("w2", w2, "cpu:1")), af.parameter("b2", b2, "cpu:1")
+        )
         af.output("y", af.ops.softmax(z, axis=-1))
         af.output("h", h)
 

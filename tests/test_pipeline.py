@@ -155,7 +155,9 @@ def test_the_report_measures_the_latest_steps_its_spans_allow(monkeypatch):
     windowed = train(config)
     assert 0 < windowed.bubble_steps < config.train.steps
     assert all(0.0 <= b < 1.0 for b in windowed.bubbles)
-    assert f"bubble measured over the last {windowed.bubble_steps} of 10 steps" in report.table(config, windowed)
+    assert f"bubble measured over the last {windowed.bubble_steps} of 10 steps" in report.table(
+        config, windowed
+    )
     assert report.metrics(config, windowed)["bubble_steps"] == windowed.bubble_steps
     assert len(windowed.losses) == config.train.steps  # every step's loss, all the same
     assert "bubble measured" not in report.table(config, whole)

@@ -256,10 +256,14 @@ def test_an_unknown_key_is_refused_naming_it(plan):
         reg["consulers"] = reg.pop("consumers")
 
     message = str(load_error(edited(plan, misspell)))
-    assert "Register without ['consumers'] and with unknown keys ['consulers'] @ $plan.registers[4]" in message
+    assert (
+        "Register without ['consumers'] and with unknown keys ['consulers'] @ $plan.registers[4]" in message
+    )
 
 
-@pytest.mark.parametrize(("kind", "field"), [("actors", "kernel"), ("registers", "quota"), ("streams", "rank")])
+@pytest.mark.parametrize(
+    ("kind", "field"), [("actors", "kernel"), ("registers", "quota"), ("streams", "rank")]
+)
 def test_a_missing_key_is_refused_naming_where_even_with_a_default(plan, kind, field):
     def drop(data):
         del data[kind][2][field]
@@ -270,7 +274,15 @@ def test_a_missing_key_is_refused_naming_where_even_with_a_default(plan, kind, f
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("quota", "2"), ("quota", 2.0), ("quota", True), ("shape", "ab"), ("shape", b"ab"), ("name", 7), ("control", 1)],
+    [
+        ("quota", "2"),
+        ("quota", 2.0),
+        ("quota", True),
+        ("shape", "ab"),
+        ("shape", b"ab"),
+        ("name", 7),
+        ("control", 1),
+    ],
 )
 def test_a_value_of_the_wrong_type_is_refused_naming_where(plan, field, value):
     def retype(data):
@@ -421,4 +433,6 @@ def test_a_parameter_naming_a_register_of_several_buffers_is_refused(plan):
         data["parameters"][0]["register"] = named(data["registers"], "mm")
 
     message = str(load_error(edited(plan, repoint)))
-    assert "parameter 'w' names register 'mm', which is not a parameter's or a variable's one buffer" in message
+    assert (
+        "parameter 'w' names register 'mm', which is not a parameter's or a variable's one buffer" in message
+    )

@@ -150,7 +150,7 @@ def probe_actors(plan: af.Plan) -> dict[int, af.plan.Actor]:
 @given(st.data())
 def test_random_graphs_match_numpy(data):
     recipe, plan, feeds = draw_case(data, gs.recipes())
-    event(f"{len(recipe.devices)} devices, {len(plan.actors)//5*5}+ actors")
+    event(f"{len(recipe.devices)} devices, {len(plan.actors) // 5 * 5}+ actors")
     for kind in {node[0] for node in recipe.nodes}:
         event(f"op {kind}")
 
@@ -351,7 +351,9 @@ def test_thread_name_on_every_device(tmp_path):
     trace = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
     process = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
     thread = {e["tid"]: e["args"]["name"] for e in trace if e["name"] == "thread_name"}
-    kernels = [e for e in trace if e["ph"] == "X" and e["cat"] not in ("wait", "step")]  # waits and steps are spans of their own
+    kernels = [
+        e for e in trace if e["ph"] == "X" and e["cat"] not in ("wait", "step")
+    ]  # waits and steps are spans of their own
     streams = stream_of_unit(plan)
     assert len(kernels) == len(set(streams)) * len(xs)
     for e in kernels:
@@ -375,8 +377,7 @@ def check_order(plan: af.Plan, spans, n: int) -> Counter:
             kinds[inp.sync] += 1
         for i in range(n):
             assert index[(c, i)].start >= index[(p, i)].end, (
-                f"{c} started iteration {i} before {p} (which writes {reg.name!r}) ended; "
-                f"sync={inp.sync}"
+                f"{c} started iteration {i} before {p} (which writes {reg.name!r}) ended; sync={inp.sync}"
             )
     return kinds
 

@@ -75,10 +75,16 @@ def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s():
     assert "rank 0 exited with status 1" in out and "rank 1 exited with status 1" in out, out
     assert "ValueError: user kernel failed on the input 5" in out
     # rank 0 names where it started: rank, actor, stream and iteration
-    failure = next(line for line in out.splitlines() if line.startswith("[0]") and "RankError: rank 1 failed" in line)
+    failure = next(
+        line for line in out.splitlines() if line.startswith("[0]") and "RankError: rank 1 failed" in line
+    )
     assert "ValueError: user kernel failed on the input 5" in failure
     where = next(line for line in out.splitlines() if line.startswith("[0] actorflow: raised by actor"))
-    assert "'work'" in where and "stream 'cpu:1/compute' on rank 1" in where and "(5 since the runtime opened)" in where
+    assert (
+        "'work'" in where
+        and "stream 'cpu:1/compute' on rank 1" in where
+        and "(5 since the runtime opened)" in where
+    )
     assert_nothing_left(run)
 
 

@@ -36,11 +36,14 @@ def placements(draw, devices: tuple[str, ...]) -> list[list[str]]:
 
 
 @pytest.mark.timeout(240)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 @given(data=st.data())
 def test_random_graphs_over_ranks_equal_one_process(pool, data):
     recipe = data.draw(
-        gs.recipes(min_devices=2, dtypes=("float64",), call_fns=("identity", "double", "add_pair")), label="recipe"
+        gs.recipes(min_devices=2, dtypes=("float64",), call_fns=("identity", "double", "add_pair")),
+        label="recipe",
     )
     placement = data.draw(placements(recipe.devices), label="ranks")
     quota = data.draw(st.integers(1, 3), label="quota")
@@ -59,7 +62,9 @@ def test_random_graphs_over_ranks_equal_one_process(pool, data):
 
 def train_on_ranks(n: int, config: str, tmp_path, *overrides: str) -> dict[str, np.ndarray]:
     out = tmp_path / "rank0.npz"
-    status, text = ranks.launch(n, sys.executable, str(ranks.TESTS / "rank_train.py"), config, str(out), *overrides, timeout=150)
+    status, text = ranks.launch(
+        n, sys.executable, str(ranks.TESTS / "rank_train.py"), config, str(out), *overrides, timeout=150
+    )
     assert status == 0, text
     with np.load(out) as saved:
         return dict(saved)
@@ -87,7 +92,12 @@ def test_a_pipeline_on_two_ranks_trains_as_in_one_process(tmp_path, schedule):
 
 @pytest.mark.timeout(200)
 def test_data_parallel_on_two_ranks_trains_as_in_one_process(tmp_path):
-    sets = ["train.steps=10", "parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2", "model.dtype=float64"]
+    sets = [
+        "train.steps=10",
+        "parallel.stages=[[cpu:0, cpu:1]]",
+        "parallel.data_parallel=2",
+        "model.dtype=float64",
+    ]
     expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
     got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
     assert_same_training(got, expected)
@@ -105,8 +115,14 @@ def test_two_stages_by_two_replicas_on_four_ranks_train_as_in_one_process(tmp_pa
 def test_a_stream_per_collective_over_two_ranks_trains_as_in_one_process(tmp_path):
     """One collective a stream: each stream of the group has its own communicator, so
     collectives running at once on two streams can't start in different orders."""
-    sets = ["train.steps=5", "parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2", "model.dtype=float64",
-            "runtime.fusion=false", "runtime.max_ops_per_stream=1"]
+    sets = [
+        "train.steps=5",
+        "parallel.stages=[[cpu:0, cpu:1]]",
+        "parallel.data_parallel=2",
+        "model.dtype=float64",
+        "runtime.fusion=false",
+        "runtime.max_ops_per_stream=1",
+    ]
     expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
     got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
     assert_same_training(got, expected)

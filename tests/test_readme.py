@@ -55,6 +55,9 @@ def test_command_lines_run_in_order(tmp_path):
         argv = shlex.split(command)
         done = subprocess.run(
             [sys.executable, "-m", "actorflow", *argv[1:]],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert done.returncode == 0, f"{command}\n{done.stderr}"

@@ -20,7 +20,10 @@ def same_key_all_reduces(n: int = 30, devices=DEVICES, shape=(4, 3)) -> af.Graph
         xs = [af.placeholder(f"x[{d}]", shape, "float64", d) for d in devices]
         total = None
         for k in range(n):
-            parts = [af.ops.mul(x, af.parameter(f"c{k}[{d}]", np.full(shape, k + 1.0), d)) for x, d in zip(xs, devices)]
+            parts = [
+                af.ops.mul(x, af.parameter(f"c{k}[{d}]", np.full(shape, k + 1.0), d))
+                for x, d in zip(xs, devices)
+            ]
             reduced = af.ops.all_reduce(parts, op="sum")[0]
             total = reduced if total is None else af.ops.add(total, reduced)
         af.output("y", total)

@@ -37,7 +37,9 @@ def test_the_seeds_thirty_all_reduces_need_ten_streams_without_reuse_and_one_wit
     assert reused.labels == 31 and "labels: 31 of max_labels 65536" in reused.summary()
     shared = [r for r in reused.registers if r.name.startswith("comm_subgraph_0")]
     assert len(shared) == 2 and sum(r.nbytes * r.quota for r in shared) < sum(
-        r.nbytes * r.quota for r in plain.registers if r.producer in {a for c in plain.collectives for a in c.actors}
+        r.nbytes * r.quota
+        for r in plain.registers
+        if r.producer in {a for c in plain.collectives for a in c.actors}
     )
     np.testing.assert_array_equal(af.run(reused, FEEDS)["y"], af.run(plain, FEEDS)["y"])
     np.testing.assert_allclose(af.run(reused, FEEDS)["y"], expected(30, X) * 1.5)
@@ -56,18 +58,21 @@ def test_at_most_the_limit_is_reused():
     np.testing.assert_allclose(af.run(plan, FEEDS)["y"], expected(30, X) * 1.5)
 
 
-@pytest.mark.parametrize(
-    ("value", "reused"), [("-1", 30), ("7", 7), (None, 0), ("0", 0), ("-5", 0)]
-)
+@pytest.mark.parametrize(("value", "reused"), [("-1", 30), ("7", 7), (None, 0), ("0", 0), ("-5", 0)])
 def test_the_environment_switch(monkeypatch, caplog, value, reused):
     if value is not None:
         monkeypatch.setenv(ENV, value)
     caplog.set_level(logging.INFO, logger="actorflow.compiler")
     plan = af.compile(same_key_all_reduces(30), max_ops_per_stream=3, fusion=False)
-    assert sum(plan.actors[c.actors[0]].calls for c in plan.collectives if plan.actors[c.actors[0]].calls > 1) == reused
+    assert (
+        sum(plan.actors[c.actors[0]].calls for c in plan.collectives if plan.actors[c.actors[0]].calls > 1)
+        == reused
+    )
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     if value in ("0", "-5"):
-        assert warned == [f"{ENV}={value}: communication subgraph reuse stays off (-1 or a positive integer turns it on)"]
+        assert warned == [
+            f"{ENV}={value}: communication subgraph reuse stays off (-1 or a positive integer turns it on)"
+        ]
     else:
         assert warned == []
     limit = {"-1": 1000, "7": 7}.get(value)
@@ -101,9 +106,14 @@ def test_past_the_label_limit_an_error_names_the_labels_and_says_to_lower_the_va
     with pytest.raises(af.CompileError) as caught:
         af.compile(same_key_all_reduces(30), max_ops_per_stream=3, fusion=False, comm_reuse=-1, max_labels=20)
     message = str(caught.value)
-    assert "takes 31 labels (30 calls of 1 subgraphs: one a call, one a subgraph), more than max_labels=20" in message
+    assert (
+        "takes 31 labels (30 calls of 1 subgraphs: one a call, one a subgraph), more than max_labels=20"
+        in message
+    )
     assert f"lower the reuse limit (comm_reuse or {ENV}, now 1000 operators)" in message
-    plan = af.compile(same_key_all_reduces(30), max_ops_per_stream=3, fusion=False, comm_reuse=19, max_labels=20)
+    plan = af.compile(
+        same_key_all_reduces(30), max_ops_per_stream=3, fusion=False, comm_reuse=19, max_labels=20
+    )
     assert plan.labels == 20
 
 
@@ -177,9 +187,17 @@ def build(case) -> af.Graph:
     return g
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(collective_graphs(), st.integers(1, 3), st.integers(1, 3), st.sampled_from([-1, 2, 3, 5]), st.booleans(),
-       st.integers(1, 3))
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+@given(
+    collective_graphs(),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from([-1, 2, 3, 5]),
+    st.booleans(),
+    st.integers(1, 3),
+)
 def test_reused_plans_give_the_results_of_unreused_ones(case, quota, per_stream, limit, fusion, iterations):
     graph = build(case)
     options = dict(quota=quota, max_ops_per_stream=per_stream, fusion=fusion)
@@ -198,8 +216,15 @@ def test_reused_plans_give_the_results_of_unreused_ones(case, quota, per_stream,
 
 @pytest.mark.timeout(200)
 def test_reused_subgraphs_over_two_ranks_train_as_in_one_process(tmp_path):
-    sets = ["train.steps=5", "parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2", "model.dtype=float64",
-            "runtime.fusion=false", "runtime.max_ops_per_stream=1", "runtime.comm_reuse=-1"]
+    sets = [
+        "train.steps=5",
+        "parallel.stages=[[cpu:0, cpu:1]]",
+        "parallel.data_parallel=2",
+        "model.dtype=float64",
+        "runtime.fusion=false",
+        "runtime.max_ops_per_stream=1",
+        "runtime.comm_reuse=-1",
+    ]
     expected_run = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
     got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
     assert_same_training(got, expected_run)

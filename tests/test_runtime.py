@@ -289,9 +289,20 @@ GOOD = np.ones((4, 8), np.float32)
         (GOOD, "dict"),
     ],
     ids=[
-        "missing", "extra", "shape", "dtype", "int-dtype", "list-missing", "list-extra",
-        "list-shape", "list-dtype", "list-not-a-dict", "list-array", "none",
-        "string", "array",
+        "missing",
+        "extra",
+        "shape",
+        "dtype",
+        "int-dtype",
+        "list-missing",
+        "list-extra",
+        "list-shape",
+        "list-dtype",
+        "list-not-a-dict",
+        "list-array",
+        "none",
+        "string",
+        "array",
     ],
 )
 def test_bad_feeds_raise_feed_error_and_run_nothing(feeds, match):
@@ -514,9 +525,7 @@ def test_trace_is_chrome_json_with_named_tracks_and_no_overlap(tmp_path):
     spans = [e for e in events if e["ph"] == "X" and e["cat"] not in ("wait", "step")]
     meta = [e for e in events if e["ph"] == "M"]
 
-    units = {c.name for c in plan.collectives} | {
-        a.name for a in plan.actors if a.group < 0
-    }
+    units = {c.name for c in plan.collectives} | {a.name for a in plan.actors if a.group < 0}
     assert len(spans) == n * len(units)
     seen = set()
     for e in spans:

@@ -240,7 +240,9 @@ PARTIAL_CASES = [
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("op,a_sbp,b_sbp,out_sbp,reduces", PARTIAL_CASES, ids=[f"{o}-{a}-{b}" for o, a, b, *_ in PARTIAL_CASES])
+@pytest.mark.parametrize(
+    "op,a_sbp,b_sbp,out_sbp,reduces", PARTIAL_CASES, ids=[f"{o}-{a}-{b}" for o, a, b, *_ in PARTIAL_CASES]
+)
 def test_binary_with_partial(op, a_sbp, b_sbp, out_sbp, reduces, n):
     def model(env):
         a = env.param("a", (12, 24), a_sbp, positive=True)
@@ -315,7 +317,9 @@ MATMUL_CASES = [
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("a_sbp,b_sbp,out_sbp,needs", MATMUL_CASES, ids=[f"{a}x{b}" for a, b, *_ in MATMUL_CASES])
+@pytest.mark.parametrize(
+    "a_sbp,b_sbp,out_sbp,needs", MATMUL_CASES, ids=[f"{a}x{b}" for a, b, *_ in MATMUL_CASES]
+)
 def test_matmul(a_sbp, b_sbp, out_sbp, needs, n):
     def model(env):
         a = env.param("a", (12, 24), a_sbp)
@@ -421,7 +425,9 @@ SOFTMAX_CASES = [
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("sbp,axis,how,out_sbp", SOFTMAX_CASES, ids=[f"{s}-{a}-{h}" for s, a, h, _ in SOFTMAX_CASES])
+@pytest.mark.parametrize(
+    "sbp,axis,how,out_sbp", SOFTMAX_CASES, ids=[f"{s}-{a}-{h}" for s, a, h, _ in SOFTMAX_CASES]
+)
 def test_softmax(sbp, axis, how, out_sbp, n):
     def model(env):
         x = env.param("x", (12, 24), sbp)
@@ -464,7 +470,11 @@ def reduced_sbp(op: str, sbp, axes, keepdims: bool, ndim: int = 3):
         return B
     if sbp == P:
         return B if op == "max" else P
-    axes = set(range(ndim)) if axes is None else {a % ndim for a in (axes if isinstance(axes, tuple) else (axes,))}
+    axes = (
+        set(range(ndim))
+        if axes is None
+        else {a % ndim for a in (axes if isinstance(axes, tuple) else (axes,))}
+    )
     if sbp.axis in axes:
         return B if op == "max" else P
     return af.S(sbp.axis - (0 if keepdims else sum(a < sbp.axis for a in axes)))
@@ -734,7 +744,8 @@ def test_partial_is_not_a_layout_for_inputs(builder):
 
 @pytest.mark.parametrize("builder", ["placeholder", "parameter"])
 @pytest.mark.parametrize(
-    "shape,sbp,n", [((10, 12), S0, 4), ((12, 10), S1, 3), ((12, 12), S2, 2), ((12,), S1, 2), ((12, 12), af.S(-1), 2)]
+    "shape,sbp,n",
+    [((10, 12), S0, 4), ((12, 10), S1, 3), ((12, 12), S2, 2), ((12,), S1, 2), ((12, 12), af.S(-1), 2)],
 )
 def test_a_shape_that_does_not_split_evenly_is_refused(builder, shape, sbp, n):
     with af.Graph():

@@ -136,7 +136,9 @@ async def test_credit_starvation_chain_passes_through_the_consumer_holding_the_c
     # 'h' lacks credit; 'fast' (same stream) freed its buffers at launch, 'cp' holds them
     # ready but untaken, since it lacks credit itself, held by 'sloth'.
     message = await stall_message(starved_plan(with_fast_consumer=True), X6)
-    assert "  h on cpu:0/compute, iteration 4: no credit on output 'h' (all 2 held by 'fast', 'cp')" in message
+    assert (
+        "  h on cpu:0/compute, iteration 4: no credit on output 'h' (all 2 held by 'fast', 'cp')" in message
+    )
     assert "  cp on cpu:1/copy, iteration 2: no credit on output 'cp' (all 2 held by 'sloth')" in message
     chain, end = chain_of(message)
     assert chain == ["h", "cp", "sloth"]
@@ -167,7 +169,9 @@ async def test_chain_of_a_collective_out_of_order_ends_at_the_blocked_collective
         "collectives in plan order and 'ar2' comes first"
     )
     lines = [r.getMessage() for r in caplog.records if r.name == "actorflow.actors"]
-    assert "actor ar1 on rank0/collective, act 0: waits for its turn: 'ar2' is next in collective order" in lines
+    assert (
+        "actor ar1 on rank0/collective, act 0: waits for its turn: 'ar2' is next in collective order" in lines
+    )
     assert (
         "actor ar2 on rank0/collective, act 0: waits: ar2[cpu:0]: input 'r0' from 'r0' not ready; "
         "ar2[cpu:1]: input 'r1' from 'r1' not ready"

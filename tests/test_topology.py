@@ -76,7 +76,9 @@ def test_events_follow_the_transitive_reduction(data):
     producers: dict[int, set[int]] = {}
     for a in plan.actors:
         producers.setdefault(unit[a.id], set()).update(
-            unit[plan.registers[i.register].producer] for i in a.inputs if plan.registers[i.register].producer >= 0
+            unit[plan.registers[i.register].producer]
+            for i in a.inputs
+            if plan.registers[i.register].producer >= 0
         )
     for a in plan.actors:
         seen = set()
@@ -84,12 +86,20 @@ def test_events_follow_the_transitive_reduction(data):
             p = plan.registers[i.register].producer
             if i.sync in ("event", "implied"):
                 others = producers[unit[a.id]] - {unit[p]}
-                assert (i.sync == "implied") == (i.register in seen or bool(reach[unit[p]] & others)), (a.name, i)
+                assert (i.sync == "implied") == (i.register in seen or bool(reach[unit[p]] & others)), (
+                    a.name,
+                    i,
+                )
             seen.add(i.register)
 
 
 @settings(max_examples=25, **SETTINGS)
-@given(st.integers(1, 4), st.sampled_from([1, 2]), st.lists(st.booleans(), min_size=4, max_size=4), st.integers(1, 3))
+@given(
+    st.integers(1, 4),
+    st.sampled_from([1, 2]),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+    st.integers(1, 3),
+)
 def test_every_read_of_an_updated_parameter_is_ordered_before_its_update(layers, n_dev, extra, micro_batches):
     """Each reader of a variable reaches the update through data or has exactly one control
     register into it, never both (an MLP whose weights some outputs also read)."""
@@ -109,11 +119,15 @@ def test_every_read_of_an_updated_parameter_is_ordered_before_its_update(layers,
     edges = {u: set() for u in unit.values()}
     for r in plan.registers:
         if not r.is_parameter and not r.control:
-            edges[unit[r.producer]].update(unit[c.actor] for c in r.consumers if unit[c.actor] != unit[r.producer])
+            edges[unit[r.producer]].update(
+                unit[c.actor] for c in r.consumers if unit[c.actor] != unit[r.producer]
+            )
     reach = closure(edges)
     checked = 0
     for update in (a for a in plan.actors if a.kind == "update"):
-        controls = [plan.registers[i.register].producer for i in update.inputs if plan.registers[i.register].control]
+        controls = [
+            plan.registers[i.register].producer for i in update.inputs if plan.registers[i.register].control
+        ]
         for c in plan.registers[update.inputs[0].register].consumers:
             if c.actor != update.id:
                 through_data = unit[update.id] in reach[unit[c.actor]]

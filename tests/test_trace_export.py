@@ -77,7 +77,9 @@ def flows(trace: dict) -> set[tuple[str, str]]:
     return {(trace_.spans[p].name, trace_.spans[c].name) for p, c in trace_.flows}
 
 
-def kernel(rec: Recorder, device: str, stream: str, name: str, start_ms: float, end_ms: float, **args) -> None:
+def kernel(
+    rec: Recorder, device: str, stream: str, name: str, start_ms: float, end_ms: float, **args
+) -> None:
     kind = "collective" if stream == "collective" else stream
     thread = "rank0/collective" if stream == "collective" else f"{device}/{stream}"
     process = "rank0" if stream == "collective" else device
@@ -93,11 +95,24 @@ def pipeline_recorder(**kw) -> Recorder:
         t = 10.0 * it
         kernel(rec, "cpu:0", "compute", f"a{it}", t + 0, t + 1, iteration=it, act=it)
         kernel(rec, "cpu:0", "copy", f"b{it}", t + 1, t + 2, iteration=it, act=it, inputs=[[f"a{it}", it]])
-        rec.add("cpu:1", "cpu:1/compute", f"wait b{it}", WAIT, (t + 1.5) * MS, (t + 2.0) * MS, {"iteration": it})
+        rec.add(
+            "cpu:1", "cpu:1/compute", f"wait b{it}", WAIT, (t + 1.5) * MS, (t + 2.0) * MS, {"iteration": it}
+        )
         kernel(rec, "cpu:1", "compute", f"c{it}", t + 2, t + 3, iteration=it, act=it, inputs=[[f"b{it}", it]])
-        kernel(rec, "cpu:1", "collective", f"ar{it}", t + 3, t + 4, iteration=it, act=it, inputs=[[f"c{it}", it]])
-        kernel(rec, "cpu:1", "compute", f"d{it}", t + 4, t + 5, iteration=it, act=it,
-               inputs=[[f"ar{it}", it], [f"c{it}", it]])
+        kernel(
+            rec, "cpu:1", "collective", f"ar{it}", t + 3, t + 4, iteration=it, act=it, inputs=[[f"c{it}", it]]
+        )
+        kernel(
+            rec,
+            "cpu:1",
+            "compute",
+            f"d{it}",
+            t + 4,
+            t + 5,
+            iteration=it,
+            act=it,
+            inputs=[[f"ar{it}", it], [f"c{it}", it]],
+        )
     return rec
 
 
@@ -106,7 +121,11 @@ def test_tracks_per_device_and_collective_stream():
     check_structure(trace)
     assert list(names(trace, "process_name").values()) == ["host", "cpu:0", "cpu:1", "rank0"]
     assert sorted(threads(trace).values()) == [
-        "cpu:0/compute", "cpu:0/copy", "cpu:1/compute", "rank0/collective", "steps"
+        "cpu:0/compute",
+        "cpu:0/copy",
+        "cpu:1/compute",
+        "rank0/collective",
+        "steps",
     ]
     process = names(trace, "process_name")
     collective = next(e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "collective")
@@ -174,7 +193,9 @@ def test_unrecorded_or_unknown_producers_leave_no_half_flow():
 def test_waits_take_no_part_in_flows_even_with_actor_and_act():
     rec = Recorder(enabled=True)
     kernel(rec, "cpu:0", "compute", "p", 0, 1, act=0)
-    rec.add("cpu:1", "cpu:1/compute", "wait p", WAIT, 0, 1 * MS, {"actor": "c", "act": 0, "inputs": [["p", 0]]})
+    rec.add(
+        "cpu:1", "cpu:1/compute", "wait p", WAIT, 0, 1 * MS, {"actor": "c", "act": 0, "inputs": [["p", 0]]}
+    )
     kernel(rec, "cpu:1", "compute", "c", 1, 2, act=0, inputs=[["p", 0]])
     kernel(rec, "cpu:0", "copy", "d", 2, 3, act=0, inputs=[["c", 0]])
     trace = rec.to_chrome()
@@ -234,7 +255,15 @@ def test_write_is_compact_json_of_to_chrome(tmp_path):
 
 def test_write_turns_numpy_scalars_in_args_into_numbers(tmp_path):
     rec = Recorder(enabled=True)
-    rec.add("cpu:0", "cpu:0/compute", "k", "compute", 0.0, 1.0, {"micro_batch": np.int64(3), "register": np.int32(1)})
+    rec.add(
+        "cpu:0",
+        "cpu:0/compute",
+        "k",
+        "compute",
+        0.0,
+        1.0,
+        {"micro_batch": np.int64(3), "register": np.int32(1)},
+    )
     rec.write(tmp_path / "t.json")
     args = complete(json.loads((tmp_path / "t.json").read_text()))["k"]["args"]
     assert args == {"micro_batch": 3, "register": 1}
@@ -327,7 +356,8 @@ def test_the_limit_holds_the_latest_whole_iterations():
     assert trace["otherData"]["kept_from"] == 8
     assert "8 iterations before 8 were dropped" in trace["otherData"]["note"]
     assert sorted(e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == STEP) == [
-        "step 8", "step 9"
+        "step 8",
+        "step 9",
     ]
 
 
@@ -415,8 +445,10 @@ def test_every_span_of_a_pipelined_run_carries_its_stage_rank_and_phase():
         assert sp.args["stage"] == int(sp.process[-1])  # cpu:0 is stage 0, cpu:1 stage 1
         if actor is not None:
             expected = (
-                "update" if actor.kind in ("update", "variable")
-                else ("backward" if actor.backward else "forward") if actor.kind == "compute"
+                "update"
+                if actor.kind in ("update", "variable")
+                else ("backward" if actor.backward else "forward")
+                if actor.kind == "compute"
                 else "communication"
             )
             assert sp.args["phase"] == expected, sp
@@ -434,14 +466,24 @@ def forwards_before_backward(schedule: str) -> list[int]:
         data = synthetic_classification(config)
         for step in range(config.train.steps):
             s.run(step_feeds(config, data, step, local_feeds(plan, 0)))
-        spans = [sp for sp in s.recorder.kernels() if sp.thread == "cpu:0/compute" and "micro_batch" in sp.args]
+        spans = [
+            sp for sp in s.recorder.kernels() if sp.thread == "cpu:0/compute" and "micro_batch" in sp.args
+        ]
     counts = []
     for step in range(config.train.steps):
         mine = [sp for sp in spans if sp.args["iteration"] == step]
         first_backward = min(sp.start for sp in mine if sp.args["phase"] == "backward")
-        counts.append(len({sp.args["micro_batch"] for sp in mine
-                           if sp.args["phase"] == "forward" and sp.args["op"] != "repeat"
-                           and sp.start < first_backward}))
+        counts.append(
+            len(
+                {
+                    sp.args["micro_batch"]
+                    for sp in mine
+                    if sp.args["phase"] == "forward"
+                    and sp.args["op"] != "repeat"
+                    and sp.start < first_backward
+                }
+            )
+        )
     return counts
 
 

@@ -34,15 +34,52 @@ def rank_traces() -> list[dict]:
         t = 10.0 * it
         common = {"iteration": it, "act": it}
         span(rank0, "cpu:0/compute", f"fw0 {it}", "compute", t, t + 1, actor="fw0", stage=0, **common)
-        span(rank0, "rank0/comm", f"send {it}", "send", t + 1, t + 2, actor="fw0->rank1",
-             inputs=[["fw0", it]], **common)
-        span(rank1, "rank1/comm", f"recv {it}", "recv", t, t + 1, actor="fw0<-rank0",
-             inputs=[["fw0->rank1", it]], **common)
+        span(
+            rank0,
+            "rank0/comm",
+            f"send {it}",
+            "send",
+            t + 1,
+            t + 2,
+            actor="fw0->rank1",
+            inputs=[["fw0", it]],
+            **common,
+        )
+        span(
+            rank1,
+            "rank1/comm",
+            f"recv {it}",
+            "recv",
+            t,
+            t + 1,
+            actor="fw0<-rank0",
+            inputs=[["fw0->rank1", it]],
+            **common,
+        )
         span(rank1, "cpu:1/compute", f"wait {it}", WAIT, t + 0.5, t + 1, iteration=it)
-        span(rank1, "cpu:1/compute", f"fw1 {it}", "compute", t + 1, t + 2, actor="fw1", stage=1,
-             inputs=[["fw0<-rank0", it]], **common)
-        span(rank1, "rank1/collective", f"ar {it}", "collective", t + 1.5, t + 2.5, actor="ar",
-             inputs=[["fw1", it]], **common)
+        span(
+            rank1,
+            "cpu:1/compute",
+            f"fw1 {it}",
+            "compute",
+            t + 1,
+            t + 2,
+            actor="fw1",
+            stage=1,
+            inputs=[["fw0<-rank0", it]],
+            **common,
+        )
+        span(
+            rank1,
+            "rank1/collective",
+            f"ar {it}",
+            "collective",
+            t + 1.5,
+            t + 2.5,
+            actor="ar",
+            inputs=[["fw1", it]],
+            **common,
+        )
     traces = [rank1.to_chrome(), rank0.to_chrome()]
     traces[0]["otherData"]["origin_unix"] = UNIX + LATER
     traces[1]["otherData"]["origin_unix"] = UNIX
@@ -113,8 +150,12 @@ def test_flows_cross_ranks_from_send_to_receive():
     merged = merge(rank_traces())
     edges = flows(merged)
     for it in range(2):
-        assert {(f"fw0 {it}", f"send {it}"), (f"send {it}", f"recv {it}"), (f"recv {it}", f"fw1 {it}"),
-                (f"fw1 {it}", f"ar {it}")} <= edges
+        assert {
+            (f"fw0 {it}", f"send {it}"),
+            (f"send {it}", f"recv {it}"),
+            (f"recv {it}", f"fw1 {it}"),
+            (f"fw1 {it}", f"ar {it}"),
+        } <= edges
     process = names(merged, "process_name")
     events = complete(merged)
     send, recv = events["send 0"], events["recv 0"]
@@ -174,8 +215,13 @@ def test_a_merged_trace_summarizes_per_stream_and_per_stage(capsys, tmp_path):
     merged = merge(rank_traces())
     for s in (summarize(merged), summarize(merged, stages=["cpu:0", "cpu:1"])):
         kinds = {st.thread: st.kind for st in s.streams}
-        assert kinds == {"cpu:0/compute": "compute", "rank0/comm": "comm", "cpu:1/compute": "compute",
-                         "rank1/collective": "collective", "rank1/comm": "comm"}
+        assert kinds == {
+            "cpu:0/compute": "compute",
+            "rank0/comm": "comm",
+            "cpu:1/compute": "compute",
+            "rank1/collective": "collective",
+            "rank1/comm": "comm",
+        }
         assert all(st.busy_s > 0 for st in s.streams)
         assert [(b.stage, b.process) for b in s.stages] == [(0, "cpu:0"), (1, "cpu:1")]
         assert all(0 < b.bubble < 1 for b in s.stages)
@@ -188,8 +234,26 @@ def test_ranks_that_dropped_iterations_merge_over_the_iterations_all_hold():
     rank0, rank1 = Recorder(enabled=True, rank=0, limit=4), Recorder(enabled=True, rank=1, limit=6)
     for it in range(6):
         for k in range(2):
-            span(rank0, "cpu:0/compute", f"a{it}.{k}", "compute", 10 * it + k, 10 * it + k + 1, iteration=it, stage=0)
-            span(rank1, "cpu:1/compute", f"b{it}.{k}", "compute", 10 * it + k, 10 * it + k + 1, iteration=it, stage=1)
+            span(
+                rank0,
+                "cpu:0/compute",
+                f"a{it}.{k}",
+                "compute",
+                10 * it + k,
+                10 * it + k + 1,
+                iteration=it,
+                stage=0,
+            )
+            span(
+                rank1,
+                "cpu:1/compute",
+                f"b{it}.{k}",
+                "compute",
+                10 * it + k,
+                10 * it + k + 1,
+                iteration=it,
+                stage=1,
+            )
     assert (rank0.kept_from, rank1.kept_from) == (4, 3)
     merged = merge([rank0.to_chrome(), rank1.to_chrome()])
     check_structure(merged)

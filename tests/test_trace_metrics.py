@@ -205,7 +205,9 @@ def test_parse_is_lenient_with_foreign_traces():
     ]
     trace = parse(events)
     assert [(t.process, t.thread, t.kind) for t in trace.tracks] == [
-        ("p", "1", "collective"), ("p", "2", "copy"), ("q", "1", "compute")
+        ("p", "1", "collective"),
+        ("p", "2", "copy"),
+        ("q", "1", "compute"),
     ]
     names = [s.name for s in trace.spans]
     assert {(names[p], names[c]) for p, c in trace.flows} == {("a", "b"), ("b", "a")}
@@ -220,8 +222,15 @@ def test_summary_text_and_json_round_trip():
     span(rec, "rank0/collective", "ar", 1, 2)
     s = summarize(rec.to_chrome())
     text = s.format()
-    for part in ("wall 6.000 ms, 5 streams", "cpu:0/compute", "rank0/collective", "stage 0  cpu:0",
-                 "bubble per stage (window 6.000 ms): mean 33.3%", "overlap: 100.0%", "critical path: "):
+    for part in (
+        "wall 6.000 ms, 5 streams",
+        "cpu:0/compute",
+        "rank0/collective",
+        "stage 0  cpu:0",
+        "bubble per stage (window 6.000 ms): mean 33.3%",
+        "overlap: 100.0%",
+        "critical path: ",
+    ):
         assert part in text, part
     data = json.loads(s.to_json())
     assert data["overlap"] == 1.0 and data["bubble"] == pytest.approx(1 / 3)

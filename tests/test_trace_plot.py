@@ -39,8 +39,15 @@ def phased() -> dict:
             ("bw", "cpu:1/compute", "compute", "backward", 3, 6),
             ("up", "cpu:1/compute", "update", "update", 6, 7),
         ):
-            rec.add(thread[:5], thread, name, category, t + start * MS, t + end * MS,
-                    {"iteration": it, "phase": phase})
+            rec.add(
+                thread[:5],
+                thread,
+                name,
+                category,
+                t + start * MS,
+                t + end * MS,
+                {"iteration": it, "phase": phase},
+            )
         rec.add("cpu:1", "cpu:1/compute", "wait", WAIT, t + 2 * MS, t + 3 * MS, {"iteration": it})
     return rec.to_chrome()
 
@@ -94,10 +101,22 @@ def test_phases_get_their_colors_and_steps_their_row_and_lines(tmp_path):
 def test_color_groups():
     categories = ("compute", "feed", "fetch", "copy", "collective", "send", WAIT, "update", "variable", "x")
     assert [color_group(c) for c in categories] == [
-        "compute", "communication", "communication", "communication", "communication", "communication",
-        WAIT, "update", "update", "other",
+        "compute",
+        "communication",
+        "communication",
+        "communication",
+        "communication",
+        "communication",
+        WAIT,
+        "update",
+        "update",
+        "other",
     ]
-    assert [color_group("compute", p) for p in ("forward", "backward", "bogus")] == ["forward", "backward", "compute"]
+    assert [color_group("compute", p) for p in ("forward", "backward", "bogus")] == [
+        "forward",
+        "backward",
+        "compute",
+    ]
     assert color_group(WAIT, "forward") == WAIT
 
 

@@ -41,7 +41,9 @@ def gradients(
         graph.building_backward = outer
 
 
-def _gradients(graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None) -> list[Tensor | None]:
+def _gradients(
+    graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None
+) -> list[Tensor | None]:
     grads: dict[Ref, Tensor] = {}
     for y in ys:
         seed = ops.full(y.shape, 1.0, y.dtype, y.device) if dy is None else dy
@@ -62,7 +64,9 @@ def _gradients(graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor 
             continue
         fn = rule_for(node.op)
         if fn is None:
-            raise GraphError(f"gradients: op {node.op!r} ({node.name}, built at {node.where}) is not differentiable")
+            raise GraphError(
+                f"gradients: op {node.op!r} ({node.name}, built at {node.where}) is not differentiable"
+            )
         ins = [graph.tensor(ref) for ref in node.inputs]
         if not any(is_float(t.dtype) for t in ins):
             continue

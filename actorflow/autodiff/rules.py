@@ -16,10 +16,7 @@ from .registry import rule
 
 def _zeros_for_none(douts, outs):
     """The output gradients, with zeros where an output got none."""
-    return [
-        d if d is not None else ops.full(t.shape, 0.0, t.dtype, t.device)
-        for d, t in zip(douts, outs)
-    ]
+    return [d if d is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for d, t in zip(douts, outs)]
 
 
 # -- elementwise -------------------------------------------------------------------------
@@ -225,9 +222,7 @@ def _broadcast(node, ins, outs, douts):
 def _all_to_all(node, ins, outs, douts):
     # The inverse exchange: split where the forward concatenated, concatenate where it split.
     split_axis, concat_axis = node.attrs["split_axis"], node.attrs["concat_axis"]
-    return ops.all_to_all(
-        _zeros_for_none(douts, outs), split_axis=concat_axis, concat_axis=split_axis
-    )
+    return ops.all_to_all(_zeros_for_none(douts, outs), split_axis=concat_axis, concat_axis=split_axis)
 
 
 # -- losses ------------------------------------------------------------------------------

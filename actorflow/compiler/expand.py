@@ -57,7 +57,9 @@ def expand(graph: Graph) -> Plan:
             continue
         kind = lookup(node.op).kind
         if kind == "parameter" and node.id in updated:
-            variable = new_actor(attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0])
+            variable = new_actor(
+                attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0]
+            )
             reg = actors[variable].outputs[0]
             parameters.append(Parameter(node.name, reg, node.attrs["value"]))
         elif kind == "parameter":

@@ -52,7 +52,9 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
         )
         actors.append(bridge)
         registers.append(
-            Register(len(registers), bridge.name, bridge.id, reg.device, reg.shape, reg.dtype, tuple(crossing))
+            Register(
+                len(registers), bridge.name, bridge.id, reg.device, reg.shape, reg.dtype, tuple(crossing)
+            )
         )
         for c in crossing:
             inputs = list(actors[c.actor].inputs)
@@ -81,10 +83,11 @@ def _per_step(plan: Plan) -> set[int]:
             producers = [plan.registers[i.register].producer for a in actors for i in a.inputs]
             producers = [p for p in producers if p >= 0]
             consumers = [c.actor for a in actors for o in a.outputs for c in plan.registers[o].consumers]
-            downstream = actors[0].kind == "collective" and consumers and all(c in per_step for c in consumers)
+            downstream = (
+                actors[0].kind == "collective" and consumers and all(c in per_step for c in consumers)
+            )
             upstream = producers and all(p in per_step for p in producers)
             if downstream or upstream:
                 per_step.update(ids)
                 changed = True
     return per_step
-

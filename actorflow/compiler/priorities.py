@@ -38,7 +38,9 @@ def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
     def another_device_waits(actor) -> bool:
         consumers = (plan.actors[c.actor] for o in actor.outputs for c in plan.registers[o].consumers)
         return any(
-            c.stream in collective_streams or c.kind == "send" or (c.kind == "copy" and c.device != actor.device)
+            c.stream in collective_streams
+            or c.kind == "send"
+            or (c.kind == "copy" and c.device != actor.device)
             for c in consumers
         )
 

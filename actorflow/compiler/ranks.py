@@ -108,7 +108,9 @@ class _Split:
             fetch = self.actors[out.actor]
             for rank in range(self.plan.world):
                 if rank != self.rank(fetch.id):
-                    copy = self._add_actor(attrs.evolve(fetch, name=f"{fetch.name}@rank{rank}", device=self.home(rank)))
+                    copy = self._add_actor(
+                        attrs.evolve(fetch, name=f"{fetch.name}@rank{rank}", device=self.home(rank))
+                    )
                     self._consume(fetch.inputs[0].register, copy.id, 0)
                     self.outputs.append(Output(out.name, copy.id))
 
@@ -133,16 +135,30 @@ class _Split:
             self.actors[send.id] = attrs.evolve(send, inputs=(Input(reg_id),))
             receive = {"peer": home, "tag": tag}
             first = self.actors[consumers[0].actor]
-            if len(consumers) == 1 and first.kind == "copy" and len(first.inputs) == 1 and first.every == producer.every:
+            if (
+                len(consumers) == 1
+                and first.kind == "copy"
+                and len(first.inputs) == 1
+                and first.every == producer.every
+            ):
                 self.actors[first.id] = attrs.evolve(
                     _transfer(producer, "recv", first.name, first.device, receive),
-                    id=first.id, outputs=first.outputs, backward=first.backward,
+                    id=first.id,
+                    outputs=first.outputs,
+                    backward=first.backward,
                 )
                 continue
-            recv = self._add_actor(_transfer(producer, "recv", f"{reg.name}<-rank{home}", first.device, receive))
+            recv = self._add_actor(
+                _transfer(producer, "recv", f"{reg.name}<-rank{home}", first.device, receive)
+            )
             mirror = attrs.evolve(
-                reg, id=len(self.registers), name=f"{reg.name}@rank{rank}", producer=recv.id,
-                device=recv.device, consumers=tuple(consumers), quota=reg.quota,
+                reg,
+                id=len(self.registers),
+                name=f"{reg.name}@rank{rank}",
+                producer=recv.id,
+                device=recv.device,
+                consumers=tuple(consumers),
+                quota=reg.quota,
             )
             self.registers.append(mirror)
             self.actors[recv.id] = attrs.evolve(recv, outputs=(mirror.id,))
@@ -165,8 +181,18 @@ class _Split:
 def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: dict) -> Actor:
     """A send or receive of what ``producer`` makes, at its rate."""
     return Actor(
-        id=-1, name=name, kind=kind, op=kind, kernel=getattr(kernels, kind), attrs=attributes, device=device,
-        inputs=(), outputs=(), where=producer.where, every=producer.every, backward=producer.backward,
+        id=-1,
+        name=name,
+        kind=kind,
+        op=kind,
+        kernel=getattr(kernels, kind),
+        attrs=attributes,
+        device=device,
+        inputs=(),
+        outputs=(),
+        where=producer.where,
+        every=producer.every,
+        backward=producer.backward,
     )
 
 

@@ -20,9 +20,7 @@ def plan_registers(
     names = {r.name for r in plan.registers if not r.is_parameter}
     unknown = sorted(set(quotas) - names)
     if unknown:
-        raise CompileError(
-            f"quotas name tensors the plan does not hold: {unknown} (known: {sorted(names)})"
-        )
+        raise CompileError(f"quotas name tensors the plan does not hold: {unknown} (known: {sorted(names)})")
     for name, q in [("quota", quota), *quotas.items()]:
         if not isinstance(q, int) or isinstance(q, bool) or q < 1:
             raise CompileError(f"{name}: a quota is an int >= 1, got {q!r}")
@@ -43,7 +41,8 @@ def plan_registers(
 def _over_memory(registers, device: str, nbytes: int, max_memory: int) -> str:
     mine = sorted((r for r in registers if r.device == device), key=lambda r: -r.nbytes * r.quota)
     largest = ", ".join(
-        f"{r.name} {r.dtype}{list(r.shape)} x quota {r.quota} = {size_text(r.nbytes * r.quota)}" for r in mine[:3]
+        f"{r.name} {r.dtype}{list(r.shape)} x quota {r.quota} = {size_text(r.nbytes * r.quota)}"
+        for r in mine[:3]
     )
     return (
         f"{device} plans {size_text(nbytes)} ({nbytes} bytes) of registers x quota and parameters, more than "

@@ -11,7 +11,9 @@ from ..errors import CompileError
 from ..plan import Resources
 
 
-def resources(max_streams: int, max_ops_per_stream: int, max_labels: int, max_memory: int | None) -> Resources:
+def resources(
+    max_streams: int, max_ops_per_stream: int, max_labels: int, max_memory: int | None
+) -> Resources:
     """The limits ``compile`` was given, checked (each an int >= 1)."""
     limits = {"max_streams": max_streams, "max_ops_per_stream": max_ops_per_stream, "max_labels": max_labels}
     if max_memory is not None:

@@ -64,11 +64,15 @@ def reuse_limit(option: int | None) -> int:
         return DEFAULT_LIMIT
     if value > 0:
         return value
-    log.warning("%s=%d: communication subgraph reuse stays off (-1 or a positive integer turns it on)", source, value)
+    log.warning(
+        "%s=%d: communication subgraph reuse stays off (-1 or a positive integer turns it on)", source, value
+    )
     return 0
 
 
-def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int) -> tuple[Plan, dict[str, int]]:
+def reuse_communication(
+    plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int
+) -> tuple[Plan, dict[str, int]]:
     """The plan with its communication subgraphs, and the least quota of each shared register."""
     if not limit:
         return plan, {}
@@ -106,7 +110,10 @@ def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_lab
             first = plan.actors[calls[0].actors[0]]
             log.info(
                 "Start reuse comm_subgraph_%d: %d calls of %s %s over %s",
-                len(subgraphs) - 1, len(calls), calls[0].op, plan.registers[first.outputs[0]].shape,
+                len(subgraphs) - 1,
+                len(calls),
+                calls[0].op,
+                plan.registers[first.outputs[0]].shape,
                 ",".join(plan.actors[a].device for a in calls[0].actors),
             )
     reused = sum(len(calls) for calls in subgraphs)
@@ -208,7 +215,8 @@ def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
                 registers[source] = attrs.evolve(
                     registers[source],
                     consumers=tuple(
-                        Consumer(head_id, j, c.call) if c.actor == call.id else c for c in registers[source].consumers
+                        Consumer(head_id, j, c.call) if c.actor == call.id else c
+                        for c in registers[source].consumers
                     ),
                 )
                 inputs.append(Input(source))
@@ -226,13 +234,21 @@ def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
             registers[shared] = attrs.evolve(registers[shared], name=name, consumers=tuple(consumers))
             actors[head_id] = attrs.evolve(actors[head_id], name=name, inputs=tuple(inputs), calls=len(calls))
     collectives = [
-        attrs.evolve(c, name=renamed.get(c.id, c.name)) for c in plan.collectives if c.id not in dead_collectives
+        attrs.evolve(c, name=renamed.get(c.id, c.name))
+        for c in plan.collectives
+        if c.id not in dead_collectives
     ]
-    return _renumber(attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers)), collectives,
-                     dead_actors, dead_registers)
+    return _renumber(
+        attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers)),
+        collectives,
+        dead_actors,
+        dead_registers,
+    )
 
 
-def _renumber(plan: Plan, collectives: list[Collective], dead_actors: set[int], dead_registers: set[int]) -> Plan:
+def _renumber(
+    plan: Plan, collectives: list[Collective], dead_actors: set[int], dead_registers: set[int]
+) -> Plan:
     actor_id = _compact(len(plan.actors), dead_actors)
     register_id = _compact(len(plan.registers), dead_registers)
     group_of = {c.id: k for k, c in enumerate(collectives)}
@@ -262,7 +278,8 @@ def _renumber(plan: Plan, collectives: list[Collective], dead_actors: set[int], 
         actors=actors,
         registers=registers,
         collectives=tuple(
-            attrs.evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors)) for k, c in enumerate(collectives)
+            attrs.evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors))
+            for k, c in enumerate(collectives)
         ),
         feeds=tuple(attrs.evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
         outputs=tuple(attrs.evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),

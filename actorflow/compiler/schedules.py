@@ -24,7 +24,9 @@ from ..plan import Plan
 SCHEDULES = ("gpipe", "1f1b")
 
 
-def schedule_quotas(plan: Plan, stages: Sequence[Sequence[str]], schedule: str, default: int) -> dict[str, int]:
+def schedule_quotas(
+    plan: Plan, stages: Sequence[Sequence[str]], schedule: str, default: int
+) -> dict[str, int]:
     """Register name -> quota for every register a stage keeps for its backward pass, and
     under GPipe for every register crossing stages (``default``: everyone else's quota)."""
     if schedule not in SCHEDULES:

@@ -86,7 +86,9 @@ def _check_limit(streams: list[Stream], filled: dict[tuple[str, ...], int], limi
         kinds: dict[str, int] = {}
         for s in mine:
             kinds[s.kind] = kinds.get(s.kind, 0) + 1
-        groups = sorted({s.group for s in mine if s.kind == "collective" and s.channel >= 0}, key=lambda g: -filled[g])
+        groups = sorted(
+            {s.group for s in mine if s.kind == "collective" and s.channel >= 0}, key=lambda g: -filled[g]
+        )
         needs = "".join(
             f"; {filled[g]} collectives over {','.join(g)} at max_ops_per_stream={limits.max_ops_per_stream} "
             f"need {-(-filled[g] // limits.max_ops_per_stream)} streams"

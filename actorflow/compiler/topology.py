@@ -74,7 +74,9 @@ def reachable(edges: Edges, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, 
     return {(u, v) for u, v in pairs if reach[u] & bit[v]}
 
 
-def reaches_any(edges: Edges, position: Mapping[int, int], start: int, targets: Container[int], bound: int, budget: int) -> bool | None:
+def reaches_any(
+    edges: Edges, position: Mapping[int, int], start: int, targets: Container[int], bound: int, budget: int
+) -> bool | None:
     """Whether ``start`` reaches one of ``targets`` (all at topological positions <= ``bound``)
     by a path of length >= 1: a search that never leaves the window up to ``bound``, so
     a question about near neighbours costs little on a deep graph. None once it has

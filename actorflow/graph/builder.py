@@ -20,9 +20,7 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def user_line() -> str:
     """``file:line`` of the innermost caller outside actorflow: where the user built the op."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(
-        _PACKAGE_DIR
-    ):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
@@ -127,9 +125,7 @@ def dtype_of(op: str, dtype: Any) -> str:
     return dt.name
 
 
-def placeholder(
-    name: str, shape: Sequence[int], dtype: Any = "float32", device: str = "cpu:0"
-) -> Tensor:
+def placeholder(name: str, shape: Sequence[int], dtype: Any = "float32", device: str = "cpu:0") -> Tensor:
     """A tensor fed by the caller at each iteration, under ``name``."""
     shape = tuple(shape)
     if any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):

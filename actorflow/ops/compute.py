@@ -114,7 +114,9 @@ def matmul(
         raise fail("matmul", f"needs tensors of at least 2 dims, got {a.shape} @ {b.shape}")
     (m, k1), (k2, n) = _last_two(a.shape, transpose_a), _last_two(b.shape, transpose_b)
     if k1 != k2:
-        flags = f" (transpose_a={transpose_a}, transpose_b={transpose_b})" if transpose_a or transpose_b else ""
+        flags = (
+            f" (transpose_a={transpose_a}, transpose_b={transpose_b})" if transpose_a or transpose_b else ""
+        )
         raise fail("matmul", f"inner dimensions differ: {a.shape} @ {b.shape}{flags} ({k1} != {k2})")
     try:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -154,9 +156,7 @@ def _reduce(op: str, x: Tensor, axis, keepdims: bool, name: str | None, dtype: s
     else:
         raw = axis if isinstance(axis, (tuple, list)) else (axis,)
         axes = tuple(sorted({axis_of(op, a, x.ndim) for a in raw}))
-    shape = tuple(
-        1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes
-    )
+    shape = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
     attrs = {"axis": axes, "keepdims": bool(keepdims)}
     return _compute(op, [x], shape, dtype=dtype, attrs=attrs, name=name)
 
@@ -242,9 +242,7 @@ def split(
 
 
 @dispatchable
-def slice_(
-    x: Tensor, begin: Sequence[int], end: Sequence[int], *, name: str | None = None
-) -> Tensor:
+def slice_(x: Tensor, begin: Sequence[int], end: Sequence[int], *, name: str | None = None) -> Tensor:
     """x[begin[0]:end[0], begin[1]:end[1], ...]; missing trailing dims are taken whole."""
     check_inputs("slice", [x])
     if len(begin) != len(end) or len(begin) > x.ndim:

@@ -73,8 +73,10 @@ def pad(x: Tensor, begin: Sequence[int], shape: Sequence[int], *, name: str | No
     check_inputs("pad", [x])
     begin = tuple(int(b) for b in begin)
     shape = tuple(int(d) for d in shape)
-    if len(begin) != x.ndim or len(shape) != x.ndim or any(
-        b < 0 or b + n > s for b, n, s in zip(begin, x.shape, shape)
+    if (
+        len(begin) != x.ndim
+        or len(shape) != x.ndim
+        or any(b < 0 or b + n > s for b, n, s in zip(begin, x.shape, shape))
     ):
         raise fail("pad", f"{x.shape} at offset {begin} does not fit in {shape}")
     return _compute("pad", [x], shape, attrs={"begin": begin}, name=name)
@@ -133,14 +135,11 @@ def max_grad(
     else:
         raw = axis if isinstance(axis, (tuple, list)) else (axis,)
         axes = tuple(sorted({axis_of("max_grad", a, x.ndim) for a in raw}))
-    reduced = tuple(
-        1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes
-    )
+    reduced = tuple(1 if d in axes else n for d, n in enumerate(x.shape) if keepdims or d not in axes)
     if dy.shape != reduced or y.shape != reduced:
         raise fail(
             "max_grad",
-            f"dy {dy.shape} and y {y.shape} should both be {reduced}, "
-            f"the max of {x.shape} over {axes}",
+            f"dy {dy.shape} and y {y.shape} should both be {reduced}, the max of {x.shape} over {axes}",
         )
     attrs = {"axis": axes, "keepdims": bool(keepdims)}
     return _compute("max_grad", [dy, x, y], x.shape, attrs=attrs, name=name)

@@ -60,8 +60,9 @@ def _check_cross_entropy(op: str, logits: Tensor, labels: Tensor) -> None:
         raise fail(op, f"logits must be floating-point, got {logits.dtype}")
     if labels.ndim != 1 or labels.shape[0] != logits.shape[0]:
         raise fail(
-            op, f"labels must be ({logits.shape[0]},), one class id per row of the logits "
-            f"{logits.shape}, got shape {labels.shape}"
+            op,
+            f"labels must be ({logits.shape[0]},), one class id per row of the logits "
+            f"{logits.shape}, got shape {labels.shape}",
         )
     if not _is_int(labels.dtype):
         raise fail(op, f"labels must be integer class ids, got {labels.dtype}")

@@ -19,4 +19,3 @@ def accumulate(ins, outs, micro_batches):
         np.add(outs[0], source, out=outs[0])
     if phase == micro_batches - 1:
         np.divide(outs[0], micro_batches, out=outs[0])
-

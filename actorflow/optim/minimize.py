@@ -16,9 +16,7 @@ def minimize(loss: Tensor, optimizer: SGD | Adam, params: Sequence[Tensor] | Non
     graph = loss.graph
     if params is None:
         params = [
-            graph.tensor((n.id, 0))
-            for n in graph.nodes
-            if n.op == "parameter" and not n.attrs.get("state")
+            graph.tensor((n.id, 0)) for n in graph.nodes if n.op == "parameter" and not n.attrs.get("state")
         ]
     grads = gradients(loss, params)
     used = [(p, g) for p, g in zip(params, grads) if g is not None]

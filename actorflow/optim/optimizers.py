@@ -62,5 +62,10 @@ class Adam:
             _state(param, "adam_v", zeros),
             _state(param, "adam_t", np.zeros((), np.float64)),
         ]
-        attrs_ = {"lr": float(self.lr), "beta1": float(self.betas[0]), "beta2": float(self.betas[1]), "eps": float(self.eps)}
+        attrs_ = {
+            "lr": float(self.lr),
+            "beta1": float(self.betas[0]),
+            "beta2": float(self.betas[1]),
+            "eps": float(self.eps),
+        }
         add_node("adam_update", [param, grad, *states], [], attrs_, f"{param.name}.adam_update")

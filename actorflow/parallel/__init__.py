@@ -6,4 +6,15 @@ from .build import gradients, minimize, output, parameter, placeholder
 from .global_tensor import GlobalTensor
 from .sbp import B, P, S
 
-__all__ = ["B", "GlobalTensor", "P", "S", "box", "gradients", "minimize", "output", "parameter", "placeholder"]
+__all__ = [
+    "B",
+    "GlobalTensor",
+    "P",
+    "S",
+    "box",
+    "gradients",
+    "minimize",
+    "output",
+    "parameter",
+    "placeholder",
+]

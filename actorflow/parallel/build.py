@@ -59,7 +59,9 @@ def placeholder(
 
 
 @overload
-def placeholder(name: str, shape: Sequence[int], dtype: Any, device: Sequence[str], sbp: SBP) -> GlobalTensor: ...
+def placeholder(
+    name: str, shape: Sequence[int], dtype: Any, device: Sequence[str], sbp: SBP
+) -> GlobalTensor: ...
 
 
 @overload
@@ -92,7 +94,9 @@ def parameter(name: str, value: Any, device: Sequence[str], sbp: SBP) -> GlobalT
 
 
 @overload
-def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor: ...
+def parameter(
+    name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None
+) -> Tensor | GlobalTensor: ...
 
 
 def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = None) -> Tensor | GlobalTensor:
@@ -104,7 +108,9 @@ def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = No
     assert sbp is not None, "_placement checked it"
     value = np.asarray(value)
     local_shape("parameter", value.shape, sbp, len(devices))
-    values = np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
+    values = (
+        np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
+    )
     parts = [g.parameter(f"{name}[{d}]", v, d) for d, v in zip(devices, values)]
     _record("parameter", name, sbp, [p.name for p in parts])
     return GlobalTensor(value.shape, sbp, tuple(parts))
@@ -143,13 +149,16 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
                 out.append(None)
                 continue
             filled = tuple(
-                p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device) for p, t in zip(parts, x.locals)
+                p if p is not None else ops.full(t.shape, 0.0, t.dtype, t.device)
+                for p, t in zip(parts, x.locals)
             )
             out.append(GlobalTensor(x.shape, P if isinstance(x.sbp, Broadcast) else x.sbp, filled))
     return out
 
 
-def minimize(loss: Tensor | GlobalTensor, optimizer: optim.SGD | optim.Adam, params: Sequence[Any] | None = None) -> list[Any]:
+def minimize(
+    loss: Tensor | GlobalTensor, optimizer: optim.SGD | optim.Adam, params: Sequence[Any] | None = None
+) -> list[Any]:
     """Like ``af.minimize``; with a global loss, every global parameter (or ``params``)
     gets its gradient all-reduced (broadcast ones) and each part the same update."""
     if not isinstance(loss, GlobalTensor):

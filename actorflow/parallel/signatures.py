@@ -193,7 +193,11 @@ def _softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
 
 def _reduce(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     x, axis, keepdims = args[:3]
-    axes = set(range(x.ndim)) if axis is None else {a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+    axes = (
+        set(range(x.ndim))
+        if axis is None
+        else {a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+    )
     is_max = op.__name__ == "reduce_max"
     if isinstance(x.sbp, Partial):
         if is_max:

@@ -26,8 +26,21 @@ from typing import Any
 
 class ActorState:
     __slots__ = (
-        "ready", "free", "pending", "consumers", "quotas", "acts_left", "iteration", "max_held",
-        "holds", "periods", "uniform", "current_in", "current_out", "calls", "call_consumers",
+        "ready",
+        "free",
+        "pending",
+        "consumers",
+        "quotas",
+        "acts_left",
+        "iteration",
+        "max_held",
+        "holds",
+        "periods",
+        "uniform",
+        "current_in",
+        "current_out",
+        "calls",
+        "call_consumers",
     )
 
     def __init__(
@@ -51,7 +64,9 @@ class ActorState:
         self.periods = list(periods or [1] * len(quotas))
         self.call_consumers = [list(c) for c in call_consumers or ()]
         self.calls = len(self.call_consumers[0]) if self.call_consumers else 1
-        self.uniform = self.calls == 1 and all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
+        self.uniform = (
+            self.calls == 1 and all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
+        )
         self.current_in: list[tuple[int, Any] | None] = [None] * n_inputs
         self.current_out = [0] * len(quotas)
 
@@ -102,7 +117,9 @@ class ActorState:
             held = self.quotas[k] - len(pool)
             if held > self.max_held[k]:
                 self.max_held[k] = held
-            consumers = self.call_consumers[k][iteration % self.calls] if self.calls > 1 else self.consumers[k]
+            consumers = (
+                self.call_consumers[k][iteration % self.calls] if self.calls > 1 else self.consumers[k]
+            )
             if consumers:
                 self.pending[k][index] = consumers
             else:
@@ -140,7 +157,9 @@ class ActorState:
         n = self.iteration
         if self.calls > 1:
             call = n % self.calls
-            return ([call] if not self.ready[call] else []), [k for k, pool in enumerate(self.free) if not pool]
+            return ([call] if not self.ready[call] else []), [
+                k for k, pool in enumerate(self.free) if not pool
+            ]
         inputs = [k for k, q in enumerate(self.ready) if not q and n % self.holds[k] == 0]
         outputs = [k for k, pool in enumerate(self.free) if not pool and n % self.periods[k] == 0]
         return inputs, outputs

@@ -50,7 +50,9 @@ def channel_of(plan: Plan, coll: Collective) -> tuple[tuple[str, ...], int]:
     return stream.group, stream.channel
 
 
-def across_ranks(plan: Plan, coll: Collective, rank: int, transport: Transport) -> Callable[[list, list], Any]:
+def across_ranks(
+    plan: Plan, coll: Collective, rank: int, transport: Transport
+) -> Callable[[list, list], Any]:
     """The kernel this rank's participants of ``coll`` run, for a collective over ranks."""
     actors = [plan.actors[a] for a in coll.actors]
     group = ranks_of(plan, coll)
@@ -65,7 +67,15 @@ class _Gathering:
     """Gathers every participant's inputs, then runs the collective's kernel over all of
     them; the outputs of other ranks' participants go to scratch buffers."""
 
-    def __init__(self, plan: Plan, actors: list[Actor], group: tuple[int, ...], rank: int, transport: Transport, comm: Any) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        actors: list[Actor],
+        group: tuple[int, ...],
+        rank: int,
+        transport: Transport,
+        comm: Any,
+    ) -> None:
         first = actors[0]
         self.kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
         self.transport = transport
@@ -73,7 +83,11 @@ class _Gathering:
         self.local = [plan.rank_of(a.device) == rank for a in actors]
         # a reused subgraph's call reads one of its inputs, all of one shape and dtype
         self.inputs = [
-            [plan.registers[i.register] for i in a.inputs[: 1 if a.calls > 1 else None] if not plan.registers[i.register].control]
+            [
+                plan.registers[i.register]
+                for i in a.inputs[: 1 if a.calls > 1 else None]
+                if not plan.registers[i.register].control
+            ]
             for a in actors
         ]
         self.n_outputs = [len(a.outputs) for a in actors]
@@ -101,7 +115,9 @@ class _Gathering:
             offset += x.nbytes
         MPI = self.transport.MPI
         self.transport.call(
-            lambda: self.comm.Iallgatherv(self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE]),
+            lambda: self.comm.Iallgatherv(
+                self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE]
+            ),
             self.recvbuf.nbytes,
         )
         all_ins: list = []
@@ -114,7 +130,11 @@ class _Gathering:
                 continue
             at = self.offsets[k]
             for r in regs:
-                all_ins.append(np.frombuffer(self.recvbuf, r.dtype, int(np.prod(r.shape, dtype=np.int64)), at).reshape(r.shape))
+                all_ins.append(
+                    np.frombuffer(self.recvbuf, r.dtype, int(np.prod(r.shape, dtype=np.int64)), at).reshape(
+                        r.shape
+                    )
+                )
                 at += r.nbytes
             all_outs.extend(self.scratch[k])
         return self.kernel(all_ins, all_outs)

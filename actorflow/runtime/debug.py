@@ -93,5 +93,8 @@ class ActorLog:
         """``unit`` waits for its place in the collective order, where ``first`` comes first."""
         self.logger.debug(
             "actor %s on %s, act %d: waits for its turn: %r is next in collective order",
-            unit.name, stream, unit.members[0].state.iteration, first.name,
+            unit.name,
+            stream,
+            unit.members[0].state.iteration,
+            first.name,
         )

@@ -31,7 +31,15 @@ class InputSpec:
     __slots__ = ("param", "slot", "control", "buffers", "event", "same_stream", "producer", "out")
 
     def __init__(
-        self, param=None, slot=-1, control=False, buffers=None, event=False, same_stream=False, producer=None, out=-1
+        self,
+        param=None,
+        slot=-1,
+        control=False,
+        buffers=None,
+        event=False,
+        same_stream=False,
+        producer=None,
+        out=-1,
     ):
         self.param = param
         self.slot = slot
@@ -50,7 +58,9 @@ class OutputSpec:
 
     __slots__ = ("buffers", "consumers", "control", "calls")
 
-    def __init__(self, buffers: list, consumers: list, control: bool = False, calls: list | None = None) -> None:
+    def __init__(
+        self, buffers: list, consumers: list, control: bool = False, calls: list | None = None
+    ) -> None:
         self.buffers = buffers
         self.consumers = consumers
         self.control = control
@@ -101,9 +111,11 @@ class Unit:
     def finish_wiring(self) -> None:
         """Decide once whether another stream or the host waits on this unit's completions:
         it frees inputs of other streams, readies consumers at completion, or fetches."""
-        self.urgent = self.fetch is not None or any(
-            (spec.param is None and not spec.same_stream) for m in self.members for spec in m.inputs
-        ) or any(not early for m in self.members for o in m.outputs for _, _, early in o.consumers)
+        self.urgent = (
+            self.fetch is not None
+            or any((spec.param is None and not spec.same_stream) for m in self.members for spec in m.inputs)
+            or any(not early for m in self.members for o in m.outputs for _, _, early in o.consumers)
+        )
 
     def can_act(self) -> bool:
         for m in self.members:

@@ -41,7 +41,9 @@ def feed_names(plan: Plan) -> set[str]:
     return names
 
 
-def assemble(logical: tuple[LogicalTensor, ...], kind: str, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def assemble(
+    logical: tuple[LogicalTensor, ...], kind: str, values: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Replace the parts of each logical tensor of ``kind`` by the tensor itself: an array,
     0-d for a scalar, as a tensor of one device is."""
     out = dict(values)

@@ -103,7 +103,9 @@ class Runtime:
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None, trace_limit)
         self._span_args = {a.id: _span_args(plan, a, self.rank) for a in plan.actors} if trace else {}
         self._peers = transfer_peers(plan)
-        self._local_feeds = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank]
+        self._local_feeds = [
+            f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == self.rank
+        ]
 
     async def __aenter__(self) -> Runtime:
         if self._state != "new":
@@ -182,7 +184,9 @@ class Runtime:
                 periods=periods,
                 call_consumers=_call_consumers(plan, actor),
             )
-            phases = max([p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1)
+            phases = max(
+                [p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1
+            )
             self._members[actor.id] = Member(actor, state, phases)
         for actor in local:
             self._wire(self._members[actor.id])
@@ -308,7 +312,9 @@ class Runtime:
         a list gives a list. Iterations pipeline as far as the quotas allow."""
         single, arrays = self.check(feeds)
         if self._state != "open":
-            raise RuntimeError("run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`")
+            raise RuntimeError(
+                "run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`"
+            )
         async with self._lock:
             self._raise_if_failed()
             if not self.plan.actors:
@@ -386,7 +392,9 @@ class Runtime:
             args["inputs"].append([self._peers[actor.id].name, act])
         if waited is not None:
             wait_args = {"iteration": args["iteration"], "for": waited[2], **self._span_args[actor.id]}
-            self.recorder.add(stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args)
+            self.recorder.add(
+                stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args
+            )
         self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
 
     def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
@@ -537,7 +545,9 @@ class Runtime:
                     f"(iteration {iteration - self._base})"
                 )
             if ex.submitted > ex.done:
-                lines.append(f"  stream {driver.name}: {ex.submitted - ex.done} launched kernels not finished")
+                lines.append(
+                    f"  stream {driver.name}: {ex.submitted - ex.done} launched kernels not finished"
+                )
             if driver.ordered and driver.units:
                 unit = driver.units[driver.cursor]
                 lines.append(f"  stream {driver.name}: next in collective order is {unit.name!r}")

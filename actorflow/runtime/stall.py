@@ -132,7 +132,9 @@ class _Chain:
         needed = (member.state.iteration // member.actor.calls * every + every - 1) // producer.actor.every
         if producer.actor.calls > 1:  # a reused subgraph's act for the call this input reads
             reg = self.plan.registers[producer.actor.outputs[spec.out]]
-            needed = needed * producer.actor.calls + next(c.call for c in reg.consumers if c.actor == member.actor.id)
+            needed = needed * producer.actor.calls + next(
+                c.call for c in reg.consumers if c.actor == member.actor.id
+            )
         return producer, (_Look.KERNEL if producer.state.iteration > needed else _Look.WAIT)
 
     def _holder(self, member: Member, out: int) -> _Step:
@@ -167,11 +169,15 @@ class _Chain:
             return self._across(peer.id, f"its {actor.kind} waits on {peer.name!r}")
         elsewhere = [a for a in self.participants.get(actor.id, ()) if a not in self.members]
         if elsewhere and member.unit.driver.executor.running is not None:
-            return self._across(elsewhere[0], f"its collective waits on {self.plan.actors[elsewhere[0]].name!r}")
+            return self._across(
+                elsewhere[0], f"its collective waits on {self.plan.actors[elsewhere[0]].name!r}"
+            )
         driver = member.unit.driver
         running = driver.executor.running
         if running is None:
-            return f", whose launched kernel has not finished: its stream {driver.name} {self._stream(driver)}"
+            return (
+                f", whose launched kernel has not finished: its stream {driver.name} {self._stream(driver)}"
+            )
         if running[0] is not member.unit:
             return running[0].members[0], _Look.KERNEL
         return f", which waits on nothing: its stream {driver.name} {self._stream(driver)}"

@@ -238,15 +238,19 @@ class Transport:
                     next_control = now + CONTROL_EVERY
                     listen = self._hear(listen, notice, status, heard, left, now)
                     if now >= next_beat:
-                        beats = (self.control.Isend(b"", dest=p, tag=BEAT) for p in self.peers if p not in left)
+                        beats = (
+                            self.control.Isend(b"", dest=p, tag=BEAT) for p in self.peers if p not in left
+                        )
                         live.extend((beat, None, False) for beat in beats)
                         next_beat = now + HEARTBEAT
                     for peer in self.peers:
                         if peer not in left and now - heard[peer] > LOST_AFTER:
-                            self._fail(RankError(
-                                f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
-                                "(its process died or hangs, or its host is unreachable)"
-                            ))
+                            self._fail(
+                                RankError(
+                                    f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
+                                    "(its process died or hangs, or its host is unreachable)"
+                                )
+                            )
                             left.add(peer)
                 if live and now < spin_until:
                     time.sleep(0)
@@ -300,7 +304,9 @@ class CommExecutor:
     (``submit``, ``close``, ``submitted``, ``done``, ``running``, ``thread``); its kernels
     are ``kernel(ins, outs, comm)`` returning the MPI request."""
 
-    def __init__(self, name: str, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None], transport: Transport) -> None:
+    def __init__(
+        self, name: str, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None], transport: Transport
+    ) -> None:
         self.name = name
         self._token = token
         self._deliver = deliver
@@ -359,8 +365,6 @@ def _drain(q: queue.SimpleQueue, carried: list) -> list:
             items.append(q.get_nowait())
         except queue.Empty:
             return items
-
-
 
 
 def gather(obj: Any) -> list | None:

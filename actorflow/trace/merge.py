@@ -24,7 +24,9 @@ from .recorder import Span, chrome_trace
 _NS = 1e-9
 
 
-def merge(traces: Sequence[dict[str, Any] | list[dict[str, Any]]], names: Sequence[str] | None = None) -> dict[str, Any]:
+def merge(
+    traces: Sequence[dict[str, Any] | list[dict[str, Any]]], names: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The Chrome trace of all ranks: processes ``rank 0``, ``rank 1``, ... in rank order.
 
     names: what errors call each trace (its file, say); default ``trace 0``, ``trace 1``...

@@ -101,8 +101,12 @@ def _mark_steps(ax: Any, trace: Trace) -> None:
     across every row at each step's end (while not too many)."""
     steps = [s for s in trace.spans if s.category == STEP]
     for k, s in enumerate(steps):
-        ax.broken_barh([(s.start / 1e6, (s.end - s.start) / 1e6)], (s.track - 0.4, 0.8),
-                       facecolors=STEP_SHADES[k % 2], linewidth=0)
+        ax.broken_barh(
+            [(s.start / 1e6, (s.end - s.start) / 1e6)],
+            (s.track - 0.4, 0.8),
+            facecolors=STEP_SHADES[k % 2],
+            linewidth=0,
+        )
         if len(steps) <= LABELED_STEPS:
             ax.text((s.start + s.end) / 2e6, s.track, s.name, ha="center", va="center", fontsize="x-small")
         if len(steps) <= MARKED_STEPS:

@@ -230,7 +230,9 @@ def _tracks(spans: list[Span]) -> tuple[dict[str, int], dict[tuple[str, str], in
     for process in sorted({s.process for s in spans}, key=_process_order):
         pids[process] = len(pids)
     tids: dict[tuple[str, str], int] = {}
-    for track in sorted({(s.process, s.thread) for s in spans}, key=lambda t: (pids[t[0]], _thread_order(t[1]))):
+    for track in sorted(
+        {(s.process, s.thread) for s in spans}, key=lambda t: (pids[t[0]], _thread_order(t[1]))
+    ):
         tids[track] = len(tids)
     return pids, tids
 
@@ -239,7 +241,9 @@ def _metadata(pids: dict[str, int], tids: dict[tuple[str, str], int]) -> list[di
     events: list[dict[str, Any]] = []
     for process, pid in pids.items():
         events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": process}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+        events.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}
+        )
     for (process, thread), tid in tids.items():
         at = {"pid": pids[process], "tid": tid}
         events.append({"ph": "M", "name": "thread_name", **at, "args": {"name": thread}})

@@ -36,7 +36,10 @@ def step_feeds(
     feeds = []
     for k in range(0, batch, rows):
         micro = index[k : k + rows]
-        feeds.append({
-            name: source[what][micro[j * rows // n : (j + 1) * rows // n]] for name, (what, j, n) in parts.items()
-        })
+        feeds.append(
+            {
+                name: source[what][micro[j * rows // n : (j + 1) * rows // n]]
+                for name, (what, j, n) in parts.items()
+            }
+        )
     return feeds

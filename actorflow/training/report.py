@@ -21,15 +21,17 @@ def table(config: Config, result: RunResult) -> str:
     ]
     rows = [("stage", "devices", "layers", "bubble", "theory (p-1)/(m+p-1)", "peak activations", "quota")]
     for s, devices in enumerate(parallel.stages):
-        rows.append((
-            str(s),
-            ", ".join(devices),
-            str(config.stage_layers[s]),
-            f"{result.bubbles[s]:.3f}",
-            f"{result.theory:.3f}",
-            str(result.peak_activations[s]),
-            str(result.activation_quotas[s]),
-        ))
+        rows.append(
+            (
+                str(s),
+                ", ".join(devices),
+                str(config.stage_layers[s]),
+                f"{result.bubbles[s]:.3f}",
+                f"{result.theory:.3f}",
+                str(result.peak_activations[s]),
+                str(result.activation_quotas[s]),
+            )
+        )
     lines += columns(rows)
     if result.bubble_steps < config.train.steps:
         lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")

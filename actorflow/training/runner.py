@@ -72,7 +72,9 @@ def compile_config(config: Config, ranks: int | None = None) -> Plan:
     )
 
 
-def train(config: Config, on_step: Callable[[int, float], None] | None = None, trace: str | None = None) -> RunResult:
+def train(
+    config: Config, on_step: Callable[[int, float], None] | None = None, trace: str | None = None
+) -> RunResult:
     """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome trace.
 
     Under a launcher every rank runs this, and each trains its own devices' part of the
@@ -141,7 +143,9 @@ def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:
         if set(lt.parts) <= mine:
             parts[lt.name] = (lt.name, 0, 1)
         else:
-            parts.update((part, (lt.name, k, len(lt.parts))) for k, part in enumerate(lt.parts) if part in mine)
+            parts.update(
+                (part, (lt.name, k, len(lt.parts))) for k, part in enumerate(lt.parts) if part in mine
+            )
         mine -= set(lt.parts)
     parts.update((name, (name, 0, 1)) for name in mine)
     return parts

@@ -94,7 +94,9 @@ def apply(root: Path, mutant: Mutant) -> None:
     path = root / mutant.path
     text = path.read_text()
     if text.count(mutant.old) != 1:
-        raise SystemExit(f"{mutant.name}: the code it mutates is not in {mutant.path} exactly once; update the mutant")
+        raise SystemExit(
+            f"{mutant.name}: the code it mutates is not in {mutant.path} exactly once; update the mutant"
+        )
     path.write_text(text.replace(mutant.old, mutant.new))
 
 
@@ -103,7 +105,11 @@ def failures(root: Path, test_file: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(root)}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", test_file],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     return re.findall(r"^(?:FAILED|ERROR) (\S+)", result.stdout, re.MULTILINE)
 
