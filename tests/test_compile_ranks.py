@@ -108,9 +108,73 @@ def test_over_ranks_every_edge_stays_on_its_rank_and_every_send_has_its_receive(
             producer = plan.registers[i.register].producer
             if producer >= 0 and (actor.stream in comm or plan.actors[producer].stream in comm):
                 assert i.sync == "completion", (actor.name, i)
+    check_implied_on_the_same_rank(plan, rank_of)
     # each output reaches every rank; the rest of the plan is the one-process plan's
     assert Counter(o.name for o in plan.outputs) == {o.name: 3 for o in one.outputs}
     moving = ("send", "recv", "fetch", "copy")
     assert Counter(a.kind for a in plan.actors if a.kind not in moving) == Counter(
         a.kind for a in one.actors if a.kind not in moving
     )
+
+
+def test_a_participant_waits_for_its_own_inputs_whatever_other_ranks_wait_for():
+    """copy_2 reaches copy_9 (through the first all-reduce), but copy_9 is read on rank 1:
+    rank 0's participant of the second all-reduce must wait on copy_2 itself (a run gave
+    wrong results 15 times in 40 when it did not)."""
+    with af.Graph() as g:
+        x = af.placeholder("x", (2, 3), "float64", "cpu:2")
+        on0, on1, on3 = (af.ops.to_device(x, d) for d in ("cpu:0", "cpu:1", "cpu:3"))
+        total = af.ops.all_reduce([on0, x, on1, on3], op="sum")
+        later = af.ops.to_device(af.ops.relu(total[2]), "cpu:3")
+        af.output("y", af.ops.all_reduce([later, on1, on0], op="mean")[2])
+    plan = af.compile(g, ranks=[["cpu:0", "cpu:2"], ["cpu:1", "cpu:3"], []])
+    check_implied_on_the_same_rank(plan, {a.id: plan.rank_of(a.device) for a in plan.actors})
+
+
+def check_implied_on_the_same_rank(plan: af.Plan, rank_of: dict[int, int]) -> None:
+    """An input left without its own wait ("implied") must be covered by a wait on its
+    rank: by another input, of the actor or of a participant of its collective on the same
+    rank, whose producer the input's producer reaches (a participant on another rank waits
+    only for itself)."""
+    unit = {a.id: a.id for a in plan.actors}
+    for coll in plan.collectives:
+        for a in coll.actors:
+            unit[a] = coll.actors[0]
+    after: dict[int, set[int]] = {u: set() for u in unit.values()}
+    for reg in plan.registers:
+        if not reg.is_parameter:
+            after[unit[reg.producer]].update(
+                unit[c.actor] for c in reg.consumers if unit[c.actor] != unit[reg.producer]
+            )
+
+    def reaches(u: int, v: int) -> bool:
+        stack, seen = list(after[u]), set()
+        while stack:
+            w = stack.pop()
+            if w == v:
+                return True
+            if w not in seen:
+                seen.add(w)
+                stack.extend(after[w])
+        return False
+
+    for actor in plan.actors:
+        here = [a for a in plan.actors if unit[a.id] == unit[actor.id] and rank_of[a.id] == rank_of[actor.id]]
+        waits = [
+            (plan.registers[i.register].producer, i.register)
+            for a in here
+            for i in a.inputs
+            if i.sync != "implied"
+        ]
+        for i in actor.inputs:
+            if i.sync != "implied":
+                continue
+            producer = plan.registers[i.register].producer
+            covered = any(
+                register == i.register or reaches(unit[producer], unit[other])
+                for other, register in waits
+                if other >= 0
+            )
+            assert covered, (
+                f"{actor.name} reads {plan.registers[i.register].name} implied by no wait on its rank"
+            )

@@ -23,8 +23,9 @@ stream that feeds another, since neither makes one wait.
 Every input guarantees "producer finished before consumer starts", so if producer P
 reaches another input Y of consumer C, C's wait on Y already covers P, and P's event is
 redundant: events live on the transitive reduction of the actor DAG (the idea of
-Paddle's ShrinkEventInfo). A collective's participants run as one kernel, so their
-inputs are pruned together. A reused communication subgraph acts once per call: its
+Paddle's ShrinkEventInfo). A collective's participants on one rank run as one kernel, so
+their inputs are pruned together; those on other ranks wait on their own inputs, so
+nothing they read implies anything here. A reused communication subgraph acts once per call: its
 inputs and what reads it always wait on their own event, and no path through it
 implies anything (it may pass through a later call).
 """
@@ -53,13 +54,14 @@ def insert_events(plan: Plan) -> Plan:
     ordered = {s.id for s in plan.streams if s.kind == "collective"}
     comm = {s.id for s in plan.streams if s.kind == "comm"}
     at_completion = comm | (ordered if plan.world > 1 else set())
-    producer_units: dict[int, set[int]] = {}
+    rank = {a.id: plan.streams[a.stream].rank for a in plan.actors}
+    producer_units: dict[tuple[int, int], set[int]] = {}
     host = -1
     sources: dict[int, set[int]] = {s.id: set() for s in plan.streams}
     for actor in plan.actors:
         producers = [plan.registers[i.register].producer for i in actor.inputs]
         producers = [p for p in producers if p >= 0]
-        producer_units.setdefault(unit[actor.id], set()).update(unit[p] for p in producers)
+        producer_units.setdefault((unit[actor.id], rank[actor.id]), set()).update(unit[p] for p in producers)
         sources[actor.stream].update(
             stream[p] for p in producers if stream[p] != actor.stream and stream[p] not in at_completion
         )
@@ -67,8 +69,9 @@ def insert_events(plan: Plan) -> Plan:
             sources[actor.stream].add(host)
     latest = {u: sorted((position[p] for p in ps), reverse=True)[:2] for u, ps in producer_units.items()}
 
-    def implied(consumer: int, producer: int) -> bool:
-        """Another producer of ``consumer`` is reachable from ``producer`` (transitive reduction)."""
+    def implied(consumer: tuple[int, int], producer: int) -> bool:
+        """Another producer of ``consumer`` (a unit's actors on one rank) is reachable from
+        ``producer`` (transitive reduction)."""
         top = latest[consumer]
         if len(top) < 2:
             return False
@@ -90,7 +93,7 @@ def insert_events(plan: Plan) -> Plan:
             return "completion"
         if actor.calls > 1 or plan.actors[producer].calls > 1:
             return "event"  # each call waits for its own input, each reader for its own call
-        if seen or implied(unit[actor.id], unit[producer]):
+        if seen or implied((unit[actor.id], rank[actor.id]), unit[producer]):
             return "implied"
         return "event"
 
