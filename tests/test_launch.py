@@ -19,6 +19,7 @@ from test_cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
+pytestmark = pytest.mark.xdist_group("mpi")  # one mpiexec at a time: two at once fail in MPI_Comm_dup
 needs_mpiexec = pytest.mark.skipif(find_mpiexec() is None, reason="needs mpiexec: pip install mpi4py mpich")
 
 RANK = """

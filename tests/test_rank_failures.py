@@ -15,6 +15,8 @@ import pytest
 
 import ranks
 
+pytestmark = pytest.mark.xdist_group("mpi")  # one mpiexec at a time: two at once fail in MPI_Comm_dup
+
 
 class Run:
     """The launcher's output lines as they come, each with the time it arrived."""

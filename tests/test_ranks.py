@@ -16,6 +16,8 @@ import ranks
 from actorflow.config import load_config
 from actorflow.training import train
 
+pytestmark = pytest.mark.xdist_group("mpi")  # one mpiexec at a time: two at once fail in MPI_Comm_dup
+
 WORLD = 3
 
 

@@ -214,6 +214,7 @@ def test_reused_plans_give_the_results_of_unreused_ones(case, quota, per_stream,
             np.testing.assert_array_equal(mine[name], theirs[name])
 
 
+@pytest.mark.xdist_group("mpi")  # one mpiexec at a time, as in test_ranks
 @pytest.mark.timeout(200)
 def test_reused_subgraphs_over_two_ranks_train_as_in_one_process(tmp_path):
     sets = [
