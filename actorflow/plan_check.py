@@ -11,6 +11,7 @@ It reads a plan only through its attributes, so it sits below ``plan.py``, which
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -189,7 +190,6 @@ def _check_memory(plan: Plan) -> None:
 
 
 def _check_actors(plan: Plan) -> None:
-    signatures: dict[int, inspect.Signature | None] = {}
     for a in plan.actors:
         if a.kind not in ACTOR_KINDS:
             raise CompileError(f"actor {a.name!r} has kind {a.kind!r}, not one of {list(ACTOR_KINDS)}")
@@ -217,7 +217,7 @@ def _check_actors(plan: Plan) -> None:
     for a in plan.actors:  # once every actor's stream is known to exist
         for k, i in enumerate(a.inputs):
             _check_input(plan, a, k, i)
-        _check_attrs(a, signatures)
+        _check_attrs(a)
 
 
 def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
@@ -241,15 +241,21 @@ def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
         )
 
 
-def _check_attrs(a: Actor, signatures: dict[int, inspect.Signature | None]) -> None:
+@functools.lru_cache(maxsize=1024)
+def _signature(kernel: Callable) -> inspect.Signature | None:
+    try:
+        return inspect.signature(kernel)
+    except (TypeError, ValueError):
+        return None
+
+
+def _check_attrs(a: Actor) -> None:
     """The kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would fail every act."""
     kernel = a.kernel
-    if id(kernel) not in signatures:
-        try:
-            signatures[id(kernel)] = inspect.signature(kernel)
-        except (TypeError, ValueError):
-            signatures[id(kernel)] = None
-    signature = signatures[id(kernel)]
+    try:
+        signature = _signature(kernel)
+    except TypeError:  # an unhashable callable object
+        signature = _signature.__wrapped__(kernel)
     if signature is None:
         return
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Sequence
@@ -17,10 +18,15 @@ from .ir import Node, Tensor, TensorMeta, current_graph
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@functools.cache
+def _ours(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR)
+
+
 def user_line() -> str:
     """``file:line`` of the innermost caller outside actorflow: where the user built the op."""
     frame: FrameType | None = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+    while frame is not None and _ours(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
