@@ -145,6 +145,16 @@ def _check_streams(plan: Plan) -> None:
             raise CompileError(f"stream {s.name!r} is on rank {s.rank} but its device {s.device!r} is not")
 
 
+@functools.lru_cache(maxsize=64)
+def _numeric_dtype(name: str) -> bool:
+    """Whether ``name`` is the name of a numeric numpy dtype (as ``dtype.name`` spells it)."""
+    try:
+        dtype = np.dtype(name)
+    except TypeError:
+        return False
+    return dtype.name == name and dtype.kind in "biufc"
+
+
 def _check_registers(plan: Plan) -> None:
     n = len(plan.actors)
     for r in plan.registers:
@@ -154,11 +164,7 @@ def _check_registers(plan: Plan) -> None:
             raise CompileError(f"register {r.name!r} has quota {r.quota}; it must be >= 1")
         if any(d < 0 for d in r.shape):
             raise CompileError(f"register {r.name!r} has shape {list(r.shape)}")
-        try:
-            dtype = np.dtype(r.dtype)
-        except TypeError:
-            dtype = None
-        if dtype is None or dtype.name != r.dtype or dtype.kind not in "biufc":
+        if not _numeric_dtype(r.dtype):
             raise CompileError(f"register {r.name!r} has dtype {r.dtype!r}, not a numeric numpy dtype name")
         if r.control and r.nbytes:
             raise CompileError(f"control register {r.name!r} is {r.dtype}{list(r.shape)}; it carries no data")
@@ -241,29 +247,32 @@ def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
         )
 
 
-@functools.lru_cache(maxsize=1024)
-def _signature(kernel: Callable) -> inspect.Signature | None:
+@functools.lru_cache(maxsize=4096)
+def _refused_attrs(kernel: Callable, names: tuple[str, ...]) -> str | None:
+    """Why ``kernel`` can't be called as ``kernel(ins, outs, **attrs)`` with these attribute
+    names (it depends on the names only), or None; None too when it has no signature."""
     try:
-        return inspect.signature(kernel)
+        signature = inspect.signature(kernel)
     except (TypeError, ValueError):
         return None
+    try:
+        signature.bind_partial(None, None, **dict.fromkeys(names))
+    except TypeError as e:
+        return str(e)
+    return None
 
 
 def _check_attrs(a: Actor) -> None:
     """The kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would fail every act."""
-    kernel = a.kernel
+    names = tuple(sorted(a.attrs))
     try:
-        signature = _signature(kernel)
+        refused = _refused_attrs(a.kernel, names)
     except TypeError:  # an unhashable callable object
-        signature = _signature.__wrapped__(kernel)
-    if signature is None:
-        return
-    try:
-        signature.bind_partial(None, None, **a.attrs)
-    except TypeError as e:
+        refused = _refused_attrs.__wrapped__(a.kernel, names)
+    if refused is not None:
         raise CompileError(
-            f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {sorted(a.attrs)}: {e}"
-        ) from None
+            f"actor {a.name!r}: kernel {_name(a.kernel)} does not take attributes {list(names)}: {refused}"
+        )
 
 
 def _name(fn: Callable) -> str:
