@@ -83,48 +83,34 @@ def assert_same_training(got: dict, expected: dict) -> None:
         np.testing.assert_allclose(got[name], value, rtol=1e-12, atol=0, err_msg=name)
 
 
-@pytest.mark.timeout(200)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_a_pipeline_on_two_ranks_trains_as_in_one_process(tmp_path, schedule):
-    sets = ["train.steps=10", f"parallel.schedule={schedule}", "model.dtype=float64"]
-    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
-    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
-    assert_same_training(got, expected)
-
-
-@pytest.mark.timeout(200)
-def test_data_parallel_on_two_ranks_trains_as_in_one_process(tmp_path):
-    sets = [
-        "train.steps=10",
-        "parallel.stages=[[cpu:0, cpu:1]]",
-        "parallel.data_parallel=2",
-        "model.dtype=float64",
-    ]
-    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
-    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
-    assert_same_training(got, expected)
+DATA_PARALLEL = ["parallel.stages=[[cpu:0, cpu:1]]", "parallel.data_parallel=2"]
+ONE_COLLECTIVE_A_STREAM = [*DATA_PARALLEL, "runtime.fusion=false", "runtime.max_ops_per_stream=1"]
 
 
 @pytest.mark.timeout(300)
-def test_two_stages_by_two_replicas_on_four_ranks_train_as_in_one_process(tmp_path):
-    sets = ["train.steps=10", "model.dtype=float64"]
-    expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
-    got = train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets)
-    assert_same_training(got, expected)
-
-
-@pytest.mark.timeout(200)
-def test_a_stream_per_collective_over_two_ranks_trains_as_in_one_process(tmp_path):
-    """One collective a stream: each stream of the group has its own communicator, so
-    collectives running at once on two streams can't start in different orders."""
-    sets = [
-        "train.steps=5",
-        "parallel.stages=[[cpu:0, cpu:1]]",
-        "parallel.data_parallel=2",
-        "model.dtype=float64",
-        "runtime.fusion=false",
-        "runtime.max_ops_per_stream=1",
-    ]
-    expected = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
-    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
+@pytest.mark.parametrize(
+    ("world", "config", "sets"),
+    [
+        (2, "default", ["train.steps=10", "parallel.schedule=gpipe"]),
+        (2, "default", ["train.steps=10", "parallel.schedule=1f1b"]),
+        (2, "default", ["train.steps=10", *DATA_PARALLEL]),
+        (4, "2x2", ["train.steps=10"]),
+        # each stream of a group has its own communicator, so collectives running at once
+        # on two streams can't start in different orders
+        (2, "default", ["train.steps=5", *ONE_COLLECTIVE_A_STREAM]),
+        (2, "default", ["train.steps=5", *ONE_COLLECTIVE_A_STREAM, "runtime.comm_reuse=-1"]),
+    ],
+    ids=[
+        "pipeline-gpipe",
+        "pipeline-1f1b",
+        "data-parallel",
+        "2x2-on-4",
+        "a-stream-per-collective",
+        "comm-reuse",
+    ],
+)
+def test_training_on_ranks_equals_one_process(tmp_path, world, config, sets):
+    sets = [*sets, "model.dtype=float64"]
+    expected = train_in_one_process(str(ranks.REPO / f"configs/{config}.yaml"), *sets)
+    got = train_on_ranks(world, f"configs/{config}.yaml", tmp_path, *sets)
     assert_same_training(got, expected)

@@ -11,9 +11,7 @@ from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
 import actorflow as af
-import ranks
 from actorflow.compiler.reuse import ENV
-from test_ranks import assert_same_training, train_in_one_process, train_on_ranks
 from test_resources import DEVICES, collective_streams, expected, same_key_all_reduces
 
 X = np.arange(12.0).reshape(4, 3)
@@ -212,20 +210,3 @@ def test_reused_plans_give_the_results_of_unreused_ones(case, quota, per_stream,
         assert mine.keys() == theirs.keys()
         for name in theirs:
             np.testing.assert_array_equal(mine[name], theirs[name])
-
-
-@pytest.mark.xdist_group("mpi")  # one mpiexec at a time, as in test_ranks
-@pytest.mark.timeout(200)
-def test_reused_subgraphs_over_two_ranks_train_as_in_one_process(tmp_path):
-    sets = [
-        "train.steps=5",
-        "parallel.stages=[[cpu:0, cpu:1]]",
-        "parallel.data_parallel=2",
-        "model.dtype=float64",
-        "runtime.fusion=false",
-        "runtime.max_ops_per_stream=1",
-        "runtime.comm_reuse=-1",
-    ]
-    expected_run = train_in_one_process(str(ranks.REPO / "configs/default.yaml"), *sets)
-    got = train_on_ranks(2, "configs/default.yaml", tmp_path, *sets)
-    assert_same_training(got, expected_run)
