@@ -234,26 +234,18 @@ def test_ranks_that_dropped_iterations_merge_over_the_iterations_all_hold():
     rank0, rank1 = Recorder(enabled=True, rank=0, limit=4), Recorder(enabled=True, rank=1, limit=6)
     for it in range(6):
         for k in range(2):
-            span(
-                rank0,
-                "cpu:0/compute",
-                f"a{it}.{k}",
-                "compute",
-                10 * it + k,
-                10 * it + k + 1,
-                iteration=it,
-                stage=0,
-            )
-            span(
-                rank1,
-                "cpu:1/compute",
-                f"b{it}.{k}",
-                "compute",
-                10 * it + k,
-                10 * it + k + 1,
-                iteration=it,
-                stage=1,
-            )
+            for stage, recorder in enumerate((rank0, rank1)):
+                start = 10 * it + k
+                span(
+                    recorder,
+                    f"cpu:{stage}/compute",
+                    f"s{stage}.{it}.{k}",
+                    "compute",
+                    start,
+                    start + 1,
+                    iteration=it,
+                    stage=stage,
+                )
     assert (rank0.kept_from, rank1.kept_from) == (4, 3)
     merged = merge([rank0.to_chrome(), rank1.to_chrome()])
     check_structure(merged)
