@@ -10,6 +10,7 @@ import pytest
 from actorflow.trace import WAIT, Recorder, summarize
 from actorflow.trace.cli import add_commands, run
 from actorflow.trace.parse import parse
+from actorflow.trace.recorder import stream_kind
 
 MS = 1e-3
 
@@ -313,3 +314,13 @@ def test_the_summary_of_a_training_runs_trace_finds_its_stages(capsys, tmp_path)
     assert "stage 0  cpu:0" in out and "stage 1  cpu:1" in out
     found = summarize(json.loads(path.read_text()))
     assert [b.bubble for b in found.stages] == pytest.approx(result.bubbles)
+
+
+def test_a_groups_further_collective_streams_count_as_collective_streams():
+    names = ["cpu:0/compute", "cpu:1/copy", "rank0/collective", "rank0/collective1", "rank1/comm", "host", "x/y2"]
+    assert [stream_kind(n) for n in names] == ["compute", "copy", "collective", "collective", "comm", None, None]
+    rec = Recorder(enabled=True)
+    span(rec, "rank0/collective1", "ar", 0, 2, category="collective")
+    span(rec, "cpu:0/copy", "c", 0, 1, category="copy")
+    order = [t.thread for t in parse(rec.to_chrome()).tracks]
+    assert order.index("cpu:0/copy") < order.index("rank0/collective1")  # copy streams sort before collectives

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from .recorder import STEP, STREAM_KINDS, WAIT
+from .recorder import STEP, WAIT, stream_kind
 
 COPY_CATEGORIES = frozenset({"copy", "feed", "fetch"})
 
@@ -32,8 +32,7 @@ class Track:
     def device(self) -> str:
         """The device of a stream named ``device/kind`` (``cpu:0/compute``), else the process:
         the same in a one-process trace, where a merged trace's process is its rank."""
-        device, _, kind = self.thread.rpartition("/")
-        return device if device and kind in STREAM_KINDS else self.process
+        return self.thread.rpartition("/")[0] if stream_kind(self.thread) else self.process
 
 
 @attrs.frozen
@@ -132,9 +131,9 @@ def sort_key(value: Any) -> tuple:
 def _kind(thread: str, categories: set[str]) -> str:
     """The stream kind from the thread name's last part (``cpu:0/compute``) or, failing
     that, from what ran on it: only steps, only collectives, only copies, else compute."""
-    suffix = thread.rsplit("/", 1)[-1]
-    if suffix in STREAM_KINDS:
-        return suffix
+    kind = stream_kind(thread)
+    if kind is not None:
+        return kind
     if not categories:
         return "other"
     if categories == {STEP}:

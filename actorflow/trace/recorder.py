@@ -55,7 +55,14 @@ WAIT = "wait"
 STEP = "step"
 HOST, STEPS = "host", "steps"  # the process and thread of the step spans
 TRACE_LIMIT = 200_000  # spans: about 150 MB held, a 40 MB file that Perfetto still opens
-STREAM_KINDS = ("compute", "copy", "collective", "comm")  # a stream's name ends in /KIND
+STREAM_KINDS = ("compute", "copy", "collective", "comm")
+
+
+def stream_kind(thread: str) -> str | None:
+    """The kind a stream's name ends in (``cpu:0/compute``; a group's further collective
+    streams are numbered, ``rank0/collective1``), or None for another thread."""
+    kind = thread.rsplit("/", 1)[-1].rstrip("0123456789")
+    return kind if "/" in thread and kind in STREAM_KINDS else None
 _FLOW = {"name": "dataflow", "cat": "flow"}
 
 
@@ -270,8 +277,8 @@ def _process_order(process: str) -> tuple:
 
 
 def _thread_order(thread: str) -> tuple:
-    kind = thread.rsplit("/", 1)[-1]
-    rank = -1 if thread == STEPS else STREAM_KINDS.index(kind) if kind in STREAM_KINDS else len(STREAM_KINDS)
+    kind = stream_kind(thread)
+    rank = -1 if thread == STEPS else STREAM_KINDS.index(kind) if kind is not None else len(STREAM_KINDS)
     return (rank, _natural(thread))
 
 
