@@ -410,11 +410,21 @@ def _check_calls(plan: Plan) -> None:
                 f"actor {a.name!r} ({a.kind}, {len(a.inputs)} inputs) has {a.calls} calls: only a reused "
                 "collective has several, one input each"
             )
+    on_stream: dict[int, list[str]] = {}
+    for coll in plan.collectives:
+        for stream in {plan.actors[a].stream for a in coll.actors}:
+            on_stream.setdefault(stream, []).append(coll.name)
     for coll in plan.collectives:
         counts = {plan.actors[a].calls for a in coll.actors}
         if len(counts) > 1:
             raise CompileError(
                 f"the participants of collective {coll.name!r} differ in calls: {sorted(counts)}"
+            )
+        shared = {n for a in coll.actors for n in on_stream[plan.actors[a].stream]} - {coll.name}
+        if counts != {1} and shared:
+            raise CompileError(
+                f"reused collective {coll.name!r} shares its streams with {sorted(shared)}; "
+                "a reused communication subgraph has streams of its own"
             )
     for r in plan.registers:
         calls = plan.actors[r.producer].calls if r.producer >= 0 else 1

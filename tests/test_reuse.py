@@ -210,3 +210,26 @@ def test_reused_plans_give_the_results_of_unreused_ones(case, quota, per_stream,
         assert mine.keys() == theirs.keys()
         for name in theirs:
             np.testing.assert_array_equal(mine[name], theirs[name])
+
+
+def test_a_loaded_plan_with_a_reused_subgraph_on_a_shared_stream_is_refused():
+    """A reused subgraph's calls are nodes of their own in the deadlock check; one on a
+    stream another collective uses would be waited on in that stream's order too."""
+    from test_plan import edited, load_error
+
+    with af.Graph() as g:
+        xs = [af.placeholder(f"x[{d}]", (4, 3), "float64", d) for d in DEVICES]
+        total = af.ops.all_reduce(xs, op="max")[0]
+        for k in range(6):
+            total = af.ops.add(total, af.ops.all_reduce(xs, op="sum")[0])
+        af.output("y", total)
+    plan = af.compile(g, comm_reuse=-1, max_ops_per_stream=2, fusion=False)
+    reused = [a for a in plan.actors if a.calls > 1]
+    other = next(a for a in plan.actors if a.kind == "collective" and a.calls == 1)
+    assert reused and other.stream not in {a.stream for a in reused}
+
+    def share(data):
+        for a in reused:
+            data["actors"][a.id]["stream"] = other.stream
+
+    assert "shares its streams" in str(load_error(edited(plan, share)))
