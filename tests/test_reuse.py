@@ -220,7 +220,7 @@ def test_a_loaded_plan_with_a_reused_subgraph_on_a_shared_stream_is_refused():
     with af.Graph() as g:
         xs = [af.placeholder(f"x[{d}]", (4, 3), "float64", d) for d in DEVICES]
         total = af.ops.all_reduce(xs, op="max")[0]
-        for k in range(6):
+        for _ in range(6):
             total = af.ops.add(total, af.ops.all_reduce(xs, op="sum")[0])
         af.output("y", total)
     plan = af.compile(g, comm_reuse=-1, max_ops_per_stream=2, fusion=False)
