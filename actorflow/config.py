@@ -32,6 +32,7 @@ from cattrs.gen import make_dict_structure_fn
 
 from .devices import parse_device
 from .errors import ConfigError
+from .plan import DEFAULT_RESOURCES
 
 Device = NewType("Device", str)
 """A canonical device name: structuring runs the YAML string through parse_device."""
@@ -109,9 +110,9 @@ class RuntimeConfig:
     fusion: bool = True
     link_bandwidth: float | None = None
     link_latency: float = 0.0
-    max_streams: int = 64
-    max_ops_per_stream: int = 1024
-    max_labels: int = 65536
+    max_streams: int = DEFAULT_RESOURCES.max_streams
+    max_ops_per_stream: int = DEFAULT_RESOURCES.max_ops_per_stream
+    max_labels: int = DEFAULT_RESOURCES.max_labels
     max_memory: int | None = None
     comm_reuse: int | None = None
 

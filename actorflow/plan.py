@@ -219,7 +219,8 @@ class LogicalTensor:
 
 @attrs.frozen
 class Plan:
-    """``collectives`` is in the one global order the collective stream runs them in;
+    """``collectives`` is in one global order, each collective stream running its share of
+    them in that order;
     ``link``: (bytes/s, seconds) of the emulated link between devices, if emulated;
     ``overlap=False``: collectives act as if they shared their devices' compute streams
     (each waits for the compute queued before it and holds up the compute queued after

@@ -393,7 +393,7 @@ def _check_collectives(plan: Plan) -> None:
     rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
     if len(rates) > 1:
         raise CompileError(
-            "the collective stream runs its collectives in one fixed order, so they must all act "
+            "the collective streams run their collectives in one fixed order, so they must all act "
             f"once per step or all once per micro-batch; {sorted(rates.values())} don't"
         )
 

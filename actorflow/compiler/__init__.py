@@ -13,7 +13,7 @@ from ..devices import parse_device
 from ..errors import CompileError
 from ..graph.ir import Graph, Tensor
 from ..ops.registry import lookup
-from ..plan import Plan
+from ..plan import DEFAULT_RESOURCES, Plan
 from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
@@ -62,9 +62,9 @@ def compile(
     stages: Sequence[str | Sequence[str]] | None = None,
     schedule: str | None = None,
     ranks: Ranks = None,
-    max_streams: int = 64,
-    max_ops_per_stream: int = 1024,
-    max_labels: int = 65536,
+    max_streams: int = DEFAULT_RESOURCES.max_streams,
+    max_ops_per_stream: int = DEFAULT_RESOURCES.max_ops_per_stream,
+    max_labels: int = DEFAULT_RESOURCES.max_labels,
     max_memory: int | None = None,
     comm_reuse: int | None = None,
 ) -> Plan:

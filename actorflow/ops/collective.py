@@ -1,5 +1,5 @@
 """Collectives over one tensor per device: one actor per participating device, run together
-on the collective stream."""
+on their communication group's collective stream."""
 
 from __future__ import annotations
 

@@ -132,8 +132,9 @@ class _Chain:
         needed = (member.state.iteration // member.actor.calls * every + every - 1) // producer.actor.every
         if producer.actor.calls > 1:  # a reused subgraph's act for the call this input reads
             reg = self.plan.registers[producer.actor.outputs[spec.out]]
+            read = (member.actor.id, member.inputs.index(spec))  # the actor's input, params counted
             needed = needed * producer.actor.calls + next(
-                c.call for c in reg.consumers if c.actor == member.actor.id
+                c.call for c in reg.consumers if (c.actor, c.slot) == read
             )
         return producer, (_Look.KERNEL if producer.state.iteration > needed else _Look.WAIT)
 

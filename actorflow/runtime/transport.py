@@ -16,7 +16,7 @@ time (its receive is usually posted already).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go back to trio in one batch per poll, as a stream's do), and collectives
-over ranks (``call``: the collective stream's thread waits, off MPI, until its collective
+over ranks (``call``: a collective stream's thread waits, off MPI, until its collective
 completed).
 
 Failures reach every rank. On a control communicator of their own, ranks tell each

@@ -63,6 +63,8 @@ def stream_kind(thread: str) -> str | None:
     streams are numbered, ``rank0/collective1``), or None for another thread."""
     kind = thread.rsplit("/", 1)[-1].rstrip("0123456789")
     return kind if "/" in thread and kind in STREAM_KINDS else None
+
+
 _FLOW = {"name": "dataflow", "cat": "flow"}
 
 
