@@ -53,18 +53,18 @@ class InputSpec:
 
 class OutputSpec:
     """``consumers``: (member, input slot, early) where early = ready at launch, not completion.
-    ``control``: an order-only register, never handed to the kernel. ``calls``: for a
-    reused communication subgraph, the call each consumer reads (see ``ActorState``)."""
+    ``control``: an order-only register, never handed to the kernel. ``by_call``: for a
+    reused communication subgraph, the consumers of each call (see ``ActorState``)."""
 
-    __slots__ = ("buffers", "consumers", "control", "calls")
+    __slots__ = ("buffers", "consumers", "control", "by_call")
 
     def __init__(
-        self, buffers: list, consumers: list, control: bool = False, calls: list | None = None
+        self, buffers: list, consumers: list, control: bool = False, by_call: list[list] | None = None
     ) -> None:
         self.buffers = buffers
         self.consumers = consumers
         self.control = control
-        self.calls = calls
+        self.by_call = by_call
 
 
 class Member:
@@ -266,9 +266,10 @@ class Driver:
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
                 if not m.state.uniform and not m.state.publishes(k, iteration):
                     continue
-                for n, (consumer, slot, early) in enumerate(output.consumers):
-                    if output.calls is not None and output.calls[n] != iteration % m.state.calls:
-                        continue
+                consumers = (
+                    output.consumers if output.by_call is None else output.by_call[iteration % m.state.calls]
+                )
+                for consumer, slot, early in consumers:
                     if early:
                         self._send_ready(consumer, slot, index, event)
                     else:

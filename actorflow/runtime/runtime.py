@@ -269,8 +269,12 @@ class Runtime:
                 )
                 for c in reg.consumers
             ]
-            calls = [c.call for c in reg.consumers] if actor.calls > 1 else None
-            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control, calls))
+            by_call = None
+            if actor.calls > 1:
+                by_call = [
+                    [t for t, c in zip(consumers, reg.consumers) if c.call == j] for j in range(actor.calls)
+                ]
+            member.outputs.append(OutputSpec(self._buffers[o], consumers, reg.control, by_call))
 
     def _add_unit(self, name: str, actors: list, units_of_stream: dict[int, list[Unit]]) -> Unit:
         first = actors[0]
