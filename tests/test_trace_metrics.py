@@ -317,10 +317,18 @@ def test_the_summary_of_a_training_runs_trace_finds_its_stages(capsys, tmp_path)
 
 
 def test_a_groups_further_collective_streams_count_as_collective_streams():
-    names = ["cpu:0/compute", "cpu:1/copy", "rank0/collective", "rank0/collective1", "rank1/comm", "host", "x/y2"]
-    assert [stream_kind(n) for n in names] == ["compute", "copy", "collective", "collective", "comm", None, None]
+    kinds = {
+        "cpu:0/compute": "compute",
+        "cpu:1/copy": "copy",
+        "rank0/collective": "collective",
+        "rank0/collective1": "collective",
+        "rank1/comm": "comm",
+        "host": None,
+        "x/y2": None,
+    }
+    assert {name: stream_kind(name) for name in kinds} == kinds
     rec = Recorder(enabled=True)
     span(rec, "rank0/collective1", "ar", 0, 2, category="collective")
     span(rec, "cpu:0/copy", "c", 0, 1, category="copy")
     order = [t.thread for t in parse(rec.to_chrome()).tracks]
-    assert order.index("cpu:0/copy") < order.index("rank0/collective1")  # copy streams sort before collectives
+    assert order.index("cpu:0/copy") < order.index("rank0/collective1")  # copies sort first
