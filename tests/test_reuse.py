@@ -233,3 +233,28 @@ def test_a_loaded_plan_with_a_reused_subgraph_on_a_shared_stream_is_refused():
             data["actors"][a.id]["stream"] = other.stream
 
     assert "shares its streams" in str(load_error(edited(plan, share)))
+
+
+def test_a_traced_reused_subgraph_counts_its_calls_and_each_reader_names_its_call():
+    plan = af.compile(same_key_all_reduces(6), max_ops_per_stream=3, fusion=False, comm_reuse=-1)
+    subgraph = [a for a in plan.actors if a.calls > 1]
+    calls = subgraph[0].calls
+    with af.Session(plan, trace=True) as s:
+        s.run([FEEDS, FEEDS])
+        spans = [sp for sp in s.recorder.spans if "act" in sp.args]
+    by_act = {(sp.args["actor"], sp.args["act"]): sp for sp in spans}
+    name = next(sp.args["actor"] for sp in spans if "call" in sp.args)
+    assert sorted(sp.args["act"] for sp in spans if sp.args["actor"] == name) == list(range(2 * calls))
+    read_calls: dict[int, set[int]] = {}
+    for o in (o for a in subgraph for o in a.outputs):
+        for c in plan.registers[o].consumers:
+            read_calls.setdefault(c.actor, set()).add(c.call)
+    readers = [
+        sp for sp in spans if sp.args["actor"] != name and any(n == name for n, _ in sp.args["inputs"])
+    ]
+    assert len(readers) == 2 * len(read_calls)
+    for sp in readers:
+        actor = next(a for a in plan.actors if a.name == sp.args["actor"])
+        named = [by_act[(name, act)] for n, act in sp.args["inputs"] if n == name]
+        assert {p.args["call"] for p in named} == read_calls[actor.id]
+        assert {p.args["iteration"] for p in named} == {sp.args["iteration"]}

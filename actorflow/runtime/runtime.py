@@ -377,20 +377,28 @@ class Runtime:
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
-        call, act = act % actor.calls, act // actor.calls
-        args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": act * every // m, "act": act}
+        call, step = act % actor.calls, act // actor.calls  # a reused subgraph acts once a call
+        args: dict[str, Any] = {
+            "actor": unit.name,
+            "op": actor.op,
+            "iteration": step * every // m,
+            "act": act,
+        }
         args |= self._span_args[actor.id]
         if actor.calls > 1:
             args["call"] = call
         if m > 1 and every == 1:
-            args["micro_batch"] = act % m
+            args["micro_batch"] = step % m
         if taken[0]:
             args["register"] = taken[0][0]
         args["inputs"] = [
-            [spec.producer.unit.name, _last_micro_batch(act, every) // spec.producer.actor.every]
+            [
+                spec.producer.unit.name,
+                self._producer_act(member.actor, slot, spec, _last_micro_batch(step, every)),
+            ]
             for member in unit.members
-            for spec in member.inputs
-            if spec.param is None
+            for slot, spec in enumerate(member.inputs)
+            if spec.param is None and (actor.calls == 1 or slot == call)  # a call reads its own input
         ]
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
             args["inputs"].append([self._peers[actor.id].name, act])
@@ -400,6 +408,18 @@ class Runtime:
                 stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args
             )
         self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
+
+    def _producer_act(self, actor: Actor, slot: int, spec: InputSpec, micro_batch: int) -> int:
+        """The act of ``spec``'s producer that made what input ``slot`` of ``actor`` read at
+        ``micro_batch``: a reused subgraph's acts count its calls."""
+        producer = spec.producer.actor
+        made = micro_batch // producer.every
+        if producer.calls == 1:
+            return made
+        reg = self.plan.registers[producer.outputs[spec.out]]
+        return made * producer.calls + next(
+            c.call for c in reg.consumers if (c.actor, c.slot) == (actor.id, slot)
+        )
 
     def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
         actor = unit.members[0].actor
