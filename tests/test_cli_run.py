@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from actorflow.config import load_config
+from actorflow.trace import summarize
 from actorflow.training import compile_config
 from test_cli import run_cli
 from test_config import BASELINE_YAML, MALFORMED
@@ -116,6 +117,10 @@ def test_run_prints_the_table_and_writes_metrics_and_trace(capsys, tmp_path, tin
     chrome = json.loads(trace.read_text())
     assert chrome["traceEvents"]
     assert f"trace written to {trace}" in out
+    # the report's share of the critical path between kernels is the trace's
+    share = summarize(chrome).critical_path.shares["gap"]
+    assert data["critical_path_handoff_share"] == pytest.approx(share)
+    assert f"critical path: {share:.0%} between kernels" in out
 
 
 def test_run_metrics_path_from_the_config(capsys, tmp_path, tiny):

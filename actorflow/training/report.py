@@ -33,6 +33,10 @@ def table(config: Config, result: RunResult) -> str:
             )
         )
     lines += columns(rows)
+    lines.append(
+        f"critical path: {result.handoff_share:.0%} between kernels (host hand-offs, event waits, "
+        "queueing), the rest in kernels"
+    )
     if result.bubble_steps < config.train.steps:
         lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")
     lines += ["", "planned memory per device:"]
@@ -48,6 +52,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "samples_per_second": result.samples_per_second,
         "losses": result.losses,
         "bubble_steps": result.bubble_steps,
+        "critical_path_handoff_share": result.handoff_share,
         "stages": [
             {
                 "devices": list(devices),

@@ -16,7 +16,7 @@ from ..runtime import Session
 from ..runtime.logical import assemble
 from ..runtime.transport import gather
 from ..trace.merge import merge
-from ..trace.metrics import summarize
+from ..trace.metrics import GAP, summarize
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from .data import Part, step_feeds, synthetic_classification
 from .model import build_graph
@@ -34,8 +34,10 @@ class RunResult:
     what the trace left out, if anything; ``peak_activations``: per stage, the most
     micro-batches whose kept-for-backward registers were held at once; ``activation_quotas``: per stage, the quota the
     schedule gave those registers (the bound on ``peak_activations``); ``memory``:
-    planned bytes per device. Over ranks, rank 0's result has every stage's numbers and
-    every parameter; another rank's, its own."""
+    planned bytes per device; ``handoff_share``: the part of the measured steps' critical
+    path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
+    event waits and queueing: why a bubble is larger than the theory's. Over ranks, rank
+    0's result has every stage's numbers and every parameter; another rank's, its own."""
 
     losses: list[float]
     seconds: float
@@ -47,6 +49,7 @@ class RunResult:
     activation_quotas: list[int]
     memory: dict[str, int]
     parameters: dict[str, np.ndarray]
+    handoff_share: float = 0.0
     trace_note: str = ""
 
 
@@ -114,7 +117,8 @@ def train(
     peaks, quotas = kept_per_stage(plan, stats, stages)
     # a rank other than 0 measures the stages whose first replica it holds
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
-    measured = iter(summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine]).stages)
+    summary = summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine])
+    measured = iter(summary.stages)
     bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     other = chrome.get("otherData", {})
     return RunResult(
@@ -129,6 +133,7 @@ def train(
         activation_quotas=quotas,
         memory=dict(plan.memory),
         parameters=parameters,
+        handoff_share=summary.critical_path.shares.get(GAP, 0.0),
     )
 
 
