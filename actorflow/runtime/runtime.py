@@ -292,9 +292,9 @@ class Runtime:
         API raises a FeedError before entering trio, with a traceback that is yours."""
         if isinstance(feeds, CheckedFeeds):
             return feeds
-        single = feeds is None or isinstance(feeds, Mapping)
         batch: list[Any]
-        if feeds is None or isinstance(feeds, Mapping):
+        single = feeds is None or isinstance(feeds, Mapping)
+        if single:
             batch = [feeds or {}]
         elif isinstance(feeds, Sequence) and not isinstance(feeds, (str, bytes)):
             batch = list(feeds)
