@@ -13,7 +13,8 @@ import hashlib
 import importlib
 import pickle
 import reprlib
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any, get_args, get_origin
 
 import attrs
@@ -504,18 +505,25 @@ def headline(plan: Plan) -> str:
     )
 
 
+def streams_per_rank(streams: Iterable[Stream]) -> dict[int, Counter[str]]:
+    """Per rank, how many streams of each kind it runs."""
+    kinds: dict[int, Counter[str]] = {}
+    for s in streams:
+        kinds.setdefault(s.rank, Counter())[s.kind] += 1
+    return kinds
+
+
+def kinds_text(counts: Counter[str]) -> str:
+    """``2 collective, 1 comm, 2 copy``: stream counts by kind, for messages."""
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
+
+
 def stream_usage(plan: Plan) -> list[str]:
     """Per rank, the streams it runs against ``max_streams``, by kind; labels, where used."""
-    kinds: dict[int, dict[str, int]] = {}
-    for s in plan.streams:
-        kinds.setdefault(s.rank, {}).setdefault(s.kind, 0)
-        kinds[s.rank][s.kind] += 1
     limit = plan.resources.max_streams
     lines = [
-        f"streams of rank {rank}: {sum(n.values())} of max_streams {limit} ("
-        + ", ".join(f"{count} {kind}" for kind, count in sorted(n.items()))
-        + ")"
-        for rank, n in sorted(kinds.items())
+        f"streams of rank {rank}: {n.total()} of max_streams {limit} ({kinds_text(n)})"
+        for rank, n in sorted(streams_per_rank(plan.streams).items())
     ]
     if plan.labels:
         lines.append(f"labels: {plan.labels} of max_labels {plan.resources.max_labels}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import attrs
 
 from ..errors import CompileError
-from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream
+from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream, kinds_text, streams_per_rank
 
 RANK_STREAMS = ("collective", "comm")
 
@@ -79,13 +79,10 @@ def assign_streams(plan: Plan, limits: Resources = DEFAULT_RESOURCES) -> Plan:
 
 
 def _check_limit(streams: list[Stream], filled: dict[tuple[str, ...], int], limits: Resources) -> None:
-    for rank in sorted({s.rank for s in streams}):
-        mine = [s for s in streams if s.rank == rank]
-        if len(mine) <= limits.max_streams:
+    for rank, kinds in sorted(streams_per_rank(streams).items()):
+        if kinds.total() <= limits.max_streams:
             continue
-        kinds: dict[str, int] = {}
-        for s in mine:
-            kinds[s.kind] = kinds.get(s.kind, 0) + 1
+        mine = [s for s in streams if s.rank == rank]
         groups = sorted(
             {s.group for s in mine if s.kind == "collective" and s.channel >= 0}, key=lambda g: -filled[g]
         )
@@ -100,7 +97,6 @@ def _check_limit(streams: list[Stream], filled: dict[tuple[str, ...], int], limi
             if groups
             else "; raise max_streams, or place the graph on fewer devices"
         )
-        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         raise CompileError(
-            f"rank {rank} needs {len(mine)} streams ({counts}), more than max_streams={limits.max_streams}{needs}{advice}"
+            f"rank {rank} needs {len(mine)} streams ({kinds_text(kinds)}), more than max_streams={limits.max_streams}{needs}{advice}"
         )
