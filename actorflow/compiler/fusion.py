@@ -90,29 +90,28 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
         if len(members) < 2:
             continue
         members.sort(key=ready)
-        reach = graph.reaches()
+        chosen = graph.independent()  # the bucket's units
         bucket: list[Collective] = []
         size, index = 0, 0
-        inside = below = 0  # the bucket's units, and what they reach, as bitsets
 
         def close() -> None:
-            nonlocal bucket, size, index, reach, inside, below
+            nonlocal bucket, size, index, chosen
             if len(bucket) > 1:
                 buckets.append(bucket)
                 graph.contract([unit[c.actors[0]] for c in bucket])
-                reach = graph.reaches()
+                chosen = graph.independent()
+            else:
+                chosen.clear()
             bucket, size, index = [], 0, index + 1
-            inside = below = 0
 
         for coll in members:
             u = graph.find(unit[coll.actors[0]])
             nbytes = _nbytes(plan, coll)
-            if bucket and (reach[u] & inside or below & graph.bit[u] or size + nbytes > cap_bytes):
+            if bucket and (not chosen.admits(u) or size + nbytes > cap_bytes):
                 close()
             bucket.append(coll)
             size += nbytes
-            inside |= graph.bit[u]
-            below |= reach[u]
+            chosen.add(u)
             if index == 0 and size >= first_bytes:
                 close()
         close()

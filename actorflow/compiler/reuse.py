@@ -90,16 +90,14 @@ def reuse_communication(
     for members in groups.values():
         if len(members) <= max_ops_per_stream or left < 2:
             continue
-        reach = graph.reaches()
+        chosen = graph.independent()
         calls: list[Collective] = []
-        inside = below = 0
         for coll in members:
             u = graph.find(unit[coll.actors[0]])
-            if reach[u] & inside or below & graph.bit[u]:
+            if not chosen.admits(u):
                 continue
             calls.append(coll)
-            inside |= graph.bit[u]
-            below |= reach[u]
+            chosen.add(u)
             if len(calls) == left:
                 break
         streams_left = 1 + -(-(len(members) - len(calls)) // max_ops_per_stream)

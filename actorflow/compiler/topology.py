@@ -124,7 +124,30 @@ class Contracted:
                 self.edges[u] = (vs - members) | {head}
         self.edges[head] = out - members
 
+    def independent(self) -> Independent:
+        """An empty set of candidates none of which reaches another, to grow one at a time."""
+        return Independent(self.reaches(), self.bit)
+
     def reaches(self) -> dict[int, int]:
         """Candidate -> the bits of the candidates it reaches (merged ones through their head)."""
         heads = {u for u in self.bit if u not in self.merged}
         return reach_bits(self.edges, heads, {u: self.bit[u] for u in heads})
+
+
+class Independent:
+    """Candidates of a ``Contracted`` graph none of which reaches another (so they can run
+    as one kernel without a cycle), as bitsets: the members and what they reach."""
+
+    def __init__(self, reach: dict[int, int], bit: dict[int, int]) -> None:
+        self.reach, self.bit = reach, bit
+        self.clear()
+
+    def clear(self) -> None:
+        self.inside = self.below = 0
+
+    def admits(self, u: int) -> bool:
+        return not (self.reach[u] & self.inside or self.below & self.bit[u])
+
+    def add(self, u: int) -> None:
+        self.inside |= self.bit[u]
+        self.below |= self.reach[u]
