@@ -58,7 +58,8 @@ class Stream:
 class Resources:
     """What a rank can hold, as the compiler was told (``compile``'s options of the same
     names): streams per rank, collectives per collective stream, labels (each call of a
-    reused communication subgraph costs one), bytes of planned memory per device."""
+    reused communication subgraph costs one), bytes of planned memory per device (0:
+    what the compiling machine had available)."""
 
     max_streams: int = 64
     max_ops_per_stream: int = 1024

@@ -94,6 +94,22 @@ def test_a_plan_over_the_memory_limit_names_the_device_the_bytes_and_the_largest
     assert af.compile(g, quota=2, max_memory=16 << 20).memory == {"cpu:0": 16 << 20}
 
 
+def test_the_default_memory_limit_is_checked_but_not_recorded_so_compiles_are_equal(monkeypatch):
+    """Free memory moves between two compiles (and between ranks); the Plan, and so its
+    digest, must not."""
+    from actorflow.compiler import resources
+
+    g = same_key_all_reduces(2)
+    free = iter([3 << 30, 5 << 30])
+    monkeypatch.setattr(resources, "available_memory", lambda: next(free))
+    first, second = af.compile(g), af.compile(g)
+    assert first == second and first.to_bytes() == second.to_bytes()
+    assert first.resources.max_memory == 0
+    monkeypatch.setattr(resources, "available_memory", lambda: 1024)
+    with pytest.raises(af.CompileError, match="more than max_memory 1.0 KiB"):
+        af.compile(g)
+
+
 def test_the_summary_and_the_compile_command_show_streams_against_the_limit():
     plan = af.compile(same_key_all_reduces(6), max_ops_per_stream=2, max_streams=10, fusion=False)
     assert "streams of rank 0: 7 of max_streams 10 (3 collective, 2 compute, 2 copy)" in plan.summary()

@@ -24,7 +24,7 @@ from .micro_batches import split_micro_batches
 from .priorities import assign_priorities
 from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
-from .resources import resources
+from .resources import checked_resources, memory_limit
 from .reuse import reuse_communication, reuse_limit
 from .schedules import schedule_quotas
 from .streams import assign_streams
@@ -106,7 +106,7 @@ def compile(
     positive int on with that limit, None (the default) off.
     """
     _warn_if_nothing_to_see(graph)
-    limits = resources(max_streams, max_ops_per_stream, max_labels, max_memory)
+    limits = checked_resources(max_streams, max_ops_per_stream, max_labels, max_memory)
     reuse = reuse_limit(comm_reuse)
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
@@ -127,7 +127,7 @@ def compile(
     if schedule is not None:
         overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
     overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
-    plan = plan_registers(plan, quota, overrides, limits.max_memory)
+    plan = plan_registers(plan, quota, overrides, memory_limit(limits))
     plan = assign_priorities(plan, compute_first=priority)
     return check(attrs.evolve(plan, overlap=overlap, resources=limits))
 

@@ -1,7 +1,9 @@
 """The device resource model: how many streams a rank may run, how many collectives a
 collective stream may carry, how many labels the calls of reused communication subgraphs
 may take, and how many bytes a device may plan. Defaults are generous for CPU runs;
-``max_memory`` defaults to the memory this machine has available."""
+``max_memory`` defaults to the memory this machine has available when it compiles; the
+Plan then records 0 for it, so that compiling a graph twice gives equal Plans (and
+ranks agree on the digest) however the free memory moved in between."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from ..errors import CompileError
 from ..plan import Resources
 
 
-def resources(
+def checked_resources(
     max_streams: int, max_ops_per_stream: int, max_labels: int, max_memory: int | None
 ) -> Resources:
     """The limits ``compile`` was given, checked (each an int >= 1)."""
@@ -21,8 +23,12 @@ def resources(
     for name, value in limits.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise CompileError(f"{name}: an int >= 1, got {value!r}")
-    memory = available_memory() if max_memory is None else max_memory
-    return Resources(max_streams, max_ops_per_stream, max_labels, memory)
+    return Resources(max_streams, max_ops_per_stream, max_labels, max_memory or 0)
+
+
+def memory_limit(limits: Resources) -> int:
+    """Bytes a device may plan: ``max_memory``, or what this machine has available."""
+    return limits.max_memory or available_memory()
 
 
 def available_memory() -> int:
