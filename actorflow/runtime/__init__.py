@@ -1,4 +1,4 @@
-"""The runtime: sans-IO actor state, one driver task and one executor thread per stream."""
+"""The runtime: sans-IO actor state, and one thread per stream running its driver and kernels."""
 
 from .runtime import Runtime
 from .session import Session, run

@@ -1,34 +1,39 @@
-"""The driver: one trio task per stream that runs the message loop of that stream's actors.
+"""The driver: the message loop of one stream's actors, run by that stream's own thread.
 
-It drains its inbox (ready, free and completion messages) in one batch, then launches
-every unit that can act, lowest priority number first. A unit is one actor, or the
-participants of one collective, which act together as one kernel. Launching is async like
-a CUDA launch: the kernel is queued on the stream and consumers hear "ready" at once,
-with the event their stream must wait on.
+OneFlow's runtime is thin because each thread runs its own actors' messages: a kernel's
+end readies its successors on the same stream and launches the next without a trip
+through anyone else. Here too: a driver's thread drains its inbox (ready, free, kick,
+fence and, on the communication stream, completion messages) and launches, one at a
+time, the unit that can act with the lowest priority number. A unit is one actor, or
+the participants of one collective, which act together as one kernel.
+
+On a stream thread a launch runs the kernel at once, so a consumer on the same stream
+hears "ready" at launch (stream order keeps it behind) and one on another stream at the
+end of the kernel, in one message to its driver's inbox: a hand-off is one wake-up of
+the thread that has work. trio only hears of the end of a run and of failures.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+import queue
+import threading
 from typing import TYPE_CHECKING, Any
 
-import trio
-
 from .actor_state import ActorState
-from .executor import StreamExecutor
+from .executor import Completion, Fence, StreamExecutor
 from .transport import CommExecutor, Transport
 
 if TYPE_CHECKING:
     from .runtime import Runtime
 
-READY, FREE, DONE, KICK = "ready", "free", "done", "kick"
+READY, FREE, DONE, KICK, FENCE, STOP = "ready", "free", "done", "kick", "fence", "stop"
 
 
 class InputSpec:
     """How a member reads one input: a parameter buffer, or a producer's register."""
 
-    __slots__ = ("param", "slot", "control", "buffers", "event", "same_stream", "producer", "out")
+    __slots__ = ("param", "slot", "control", "buffers", "same_stream", "producer", "out")
 
     def __init__(
         self,
@@ -36,7 +41,6 @@ class InputSpec:
         slot=-1,
         control=False,
         buffers=None,
-        event=False,
         same_stream=False,
         producer=None,
         out=-1,
@@ -45,14 +49,14 @@ class InputSpec:
         self.slot = slot
         self.control = control
         self.buffers = buffers
-        self.event = event
         self.same_stream = same_stream
         self.producer = producer
         self.out = out
 
 
 class OutputSpec:
-    """``consumers``: (member, input slot, early) where early = ready at launch, not completion.
+    """``consumers``: (member, input slot, early) where early = ready at launch, not at the
+    end of the kernel, if the consumer is on the same stream (stream order suffices).
     ``control``: an order-only register, never handed to the kernel. ``by_call``: for a
     reused communication subgraph, the consumers of each call (see ``ActorState``)."""
 
@@ -88,9 +92,10 @@ class Member:
 
 
 class Unit:
-    """What a driver launches as one kernel: one actor, or a collective's participants."""
+    """What a driver launches as one kernel: one actor, or a collective's participants.
+    ``fences``: the drivers of streams this unit holds while it runs (overlap off)."""
 
-    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "urgent", "fences")
+    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "fences")
 
     driver: Driver
     """Set by the Driver of the unit's stream."""
@@ -103,19 +108,9 @@ class Unit:
         self.kernel = kernel
         self.feed: str | None = None
         self.fetch: str | None = None
-        self.urgent = False
-        self.fences: list[StreamExecutor] = []
+        self.fences: list[Driver] = []
         for m in members:
             m.unit = self
-
-    def finish_wiring(self) -> None:
-        """Decide once whether another stream or the host waits on this unit's completions:
-        it frees inputs of other streams, readies consumers at completion, or fetches."""
-        self.urgent = (
-            self.fetch is not None
-            or any((spec.param is None and not spec.same_stream) for m in self.members for spec in m.inputs)
-            or any(not early for m in self.members for o in m.outputs for _, _, early in o.consumers)
-        )
 
     def can_act(self) -> bool:
         for m in self.members:
@@ -126,7 +121,9 @@ class Unit:
 
 class Driver:
     """``ordered``: launch units strictly in list order, round after round (collective
-    stream); ``transport``: the stream is the rank's communication stream."""
+    stream); ``transport``: the stream is the rank's communication stream, whose kernels
+    the transport runs, completing in any order. ``start`` starts the stream's thread;
+    ``post`` is safe from any thread; everything else runs on the stream's thread."""
 
     def __init__(
         self,
@@ -134,67 +131,87 @@ class Driver:
         name: str,
         units: list[Unit],
         ordered: bool,
-        token: trio.lowlevel.TrioToken,
         transport: Transport | None = None,
     ) -> None:
         self.runtime = runtime
         self.name = name
         self.executor: StreamExecutor | CommExecutor = (
-            StreamExecutor(name, token, self._on_completions)
+            StreamExecutor(name, self._complete)
             if transport is None
-            else CommExecutor(name, token, self._on_completions, transport)
+            else CommExecutor(name, transport, self._on_comm_done)
         )
         self.units = units
         self.ordered = ordered
         self.cursor = 0
-        self.inbox: deque = deque()
-        self._wake = trio.Event()
+        self.acted = 0
+        self.closed = False
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
         self._heap: list[tuple[int, int]] = []
         self._queued: set[int] = set()
         for unit in units:
             unit.driver = self
 
-    def _on_completions(self, batch: list) -> None:
-        self.post((DONE, batch))
+    def start(self) -> None:
+        self.thread.start()
 
     def post(self, message: tuple) -> None:
-        self.inbox.append(message)
-        self._wake.set()
+        self.inbox.put(message)
 
-    async def serve(self) -> None:
-        while not self.runtime.failed:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            self._drain()
-            self._launch_ready()
+    def close(self) -> None:
+        """Stop after the kernel in progress; wakes the thread wherever it waits."""
+        self.closed = True
+        self.executor.close()
+        self.inbox.put((STOP,))
+
+    def _on_comm_done(self, completion: Completion) -> None:
+        self.post((DONE, completion))
+
+    def serve(self) -> None:
+        """The stream thread's loop: wait for news while nothing can act, hear all of it,
+        launch. A failure of the loop itself (not of a kernel) goes to the host too."""
+        inbox = self.inbox
+        try:
+            while not self.closed:
+                if not self._heap:
+                    self._handle(inbox.get())
+                while not inbox.empty():
+                    self._handle(inbox.get_nowait())
+                self._launch_ready()
+        except BaseException as exc:  # noqa: BLE001 - nothing may hang on a driver's bug
+            self.closed = True
+            self.runtime.fail_soon(exc)
 
     def _dirty(self, unit: Unit) -> None:
         if unit.id not in self._queued:
             self._queued.add(unit.id)
             heapq.heappush(self._heap, (unit.priority, unit.id))
 
-    def _drain(self) -> None:
-        inbox = self.inbox
-        while inbox:
-            message = inbox.popleft()
-            kind = message[0]
-            if kind is READY:
-                _, member, slot, index, event = message
-                member.state.on_ready(slot, index, event)
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind is READY:
+            _, member, slot, index = message
+            member.state.on_ready(slot, index, None)
+            self._dirty(member.unit)
+        elif kind is FREE:
+            _, member, out, index = message
+            if member.state.on_free(out, index):
                 self._dirty(member.unit)
-            elif kind is FREE:
-                _, member, out, index = message
-                if member.state.on_free(out, index):
-                    self._dirty(member.unit)
-            elif kind is DONE:
-                self._complete(message[1])
-            else:
-                for unit in self.units:
-                    self._dirty(unit)
+        elif kind is DONE:
+            self._complete(message[1])
+        elif kind is KICK:
+            for unit in self.units:
+                for m in unit.members:
+                    m.state.acts_left += message[1] // m.actor.every * m.actor.calls
+                self._dirty(unit)
+        elif kind is FENCE:
+            message[1].park(lambda: self.closed)
 
     def _launch_ready(self) -> None:
-        heap, units, log = self._heap, self.runtime.units, self.runtime.actor_log
-        while heap:
+        """Launch units in priority order until none can act, or news came (it may ready
+        a unit that goes first)."""
+        heap, units, log, inbox = self._heap, self.runtime.units, self.runtime.actor_log, self.inbox
+        while heap and not self.closed:
             _, uid = heapq.heappop(heap)
             self._queued.discard(uid)
             unit = units[uid]
@@ -205,19 +222,20 @@ class Driver:
             if unit.can_act():
                 if log is not None:
                     log.attempt(self.name, unit, True)
-                self._launch(unit)
                 if self.ordered:
                     self.cursor = (self.cursor + 1) % len(self.units)
                     self._dirty(self.units[self.cursor])
                 else:
                     self._dirty(unit)
+                self._launch(unit)
             elif log is not None:
                 log.attempt(self.name, unit, False)
+            if not inbox.empty():
+                return
 
     def _launch(self, unit: Unit) -> None:
         ins: list = []
         outs: list = []
-        waits: list = []
         frees: list = []
         taken = []
         iteration = 0
@@ -231,11 +249,9 @@ class Driver:
                     continue
                 if ready[spec.slot] is None:  # another call's input (a reused subgraph)
                     continue
-                index, event = ready[spec.slot]
+                index = ready[spec.slot][0]
                 if not spec.control:
                     ins.append(spec.buffers[index])
-                if spec.event:
-                    waits.append(event)
                 if not state.uniform and not state.releases(spec.slot, iteration):
                     continue
                 if spec.same_stream:
@@ -249,19 +265,7 @@ class Driver:
                 ins.append(iteration % m.phases)
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
-        for stream in unit.fences:
-            if stream.submitted:
-                waits.append((stream, stream.submitted))
-        # Filled after submit: safe, since the completion that reads it is handled on this
-        # (trio) thread, never before this launch returns.
         later: list = []
-        seq = self.executor.submit(
-            unit.kernel, ins, outs, waits, (unit, iteration, frees, later, taken), unit.urgent
-        )
-        self.runtime.progress += 1
-        event = (self.executor, seq)
-        for stream in unit.fences:
-            stream.submit(_fence, [], [], [event], None, False)
         for m, buffers in zip(unit.members, taken):
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
                 if not m.state.uniform and not m.state.publishes(k, iteration):
@@ -270,18 +274,34 @@ class Driver:
                     output.consumers if output.by_call is None else output.by_call[iteration % m.state.calls]
                 )
                 for consumer, slot, early in consumers:
-                    if early:
-                        self._send_ready(consumer, slot, index, event)
+                    if early and consumer.unit.driver is self:
+                        consumer.state.on_ready(slot, index, None)
+                        self._dirty(consumer.unit)
                     else:
-                        later.append((consumer, slot, index, event))
+                        later.append((consumer, slot, index))
+        self.acted += 1
+        fence = self._hold(unit)
+        self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, later, taken))
+        if fence is not None:
+            fence.release()
 
-    def _send_ready(self, consumer: Member, slot: int, index: int, event) -> None:
+    def _hold(self, unit: Unit) -> Fence | None:
+        """Park the streams ``unit`` holds (overlap off) before its kernel runs."""
+        if not unit.fences:
+            return None
+        fence = Fence(len(unit.fences))
+        for driver in unit.fences:
+            driver.post((FENCE, fence))
+        fence.hold(lambda: self.closed)
+        return fence
+
+    def _send_ready(self, consumer: Member, slot: int, index: int) -> None:
         driver = consumer.unit.driver
         if driver is self:
-            consumer.state.on_ready(slot, index, event)
+            consumer.state.on_ready(slot, index, None)
             self._dirty(consumer.unit)
         else:
-            driver.post((READY, consumer, slot, index, event))
+            driver.post((READY, consumer, slot, index))
 
     def _send_free(self, producer: Member, out: int, index: int) -> None:
         driver = producer.unit.driver
@@ -291,17 +311,15 @@ class Driver:
         else:
             driver.post((FREE, producer, out, index))
 
-    def _complete(self, batch: list) -> None:
-        for (unit, iteration, frees, later, taken), result, start, end, ok, waited in batch:
-            if not ok:
-                self.runtime.fail_kernel(result, unit, iteration)
-                return
-            for producer, out, index in frees:
-                self._send_free(producer, out, index)
-            for consumer, slot, index, event in later:
-                self._send_ready(consumer, slot, index, event)
-            self.runtime.completed(unit, iteration, result, start, end, taken, waited)
-
-
-def _fence(ins: list, outs: list) -> None:
-    """Holds a compute stream until a collective that shares it (overlap off) is done."""
+    def _complete(self, completion: Completion) -> None:
+        (unit, iteration, frees, later, taken), result, start, end, ok = completion
+        if not ok:
+            self.closed = True
+            self.runtime.fail_kernel_soon(result, unit, iteration)
+            return
+        self.acted += 1
+        for producer, out, index in frees:
+            self._send_free(producer, out, index)
+        for consumer, slot, index in later:
+            self._send_ready(consumer, slot, index)
+        self.runtime.completed(unit, iteration, result, start, end, taken)

@@ -1,7 +1,8 @@
 """The Runtime: executes a Plan inside the caller's trio loop, iteration after iteration.
 
-It allocates every register buffer once, starts one executor thread and one driver task
-per stream, and then serves ``run`` calls. Any failure (a kernel's exception, a stall, a
+It allocates every register buffer once, starts one thread per stream, which runs that
+stream's driver (its actors' message loop) and kernels, and then serves ``run`` calls:
+trio only starts a run, waits for its end, and hears of failures. Any failure (a kernel's exception, a stall, a
 cancelled run) stops the streams and is re-raised from ``run`` as the original exception,
 with a note naming the actor, stream and iteration; the Runtime can't run again after it.
 A kernel that never returns can't be stopped: its thread is left behind, with a warning.
@@ -17,6 +18,7 @@ import contextlib
 import functools
 import hashlib
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Collection, Mapping, Sequence
@@ -34,10 +36,10 @@ from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
-from .executor import StreamExecutor, post
+from .executor import post
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
-from .transport import QUERY, REPLY, CommExecutor, Transport
+from .transport import QUERY, REPLY, Transport
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
@@ -76,13 +78,11 @@ class Runtime:
         self.actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._state = "new"
         self.stall_timeout = stall_timeout
-        self.progress = 0
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
         self._protocol: dict[int, list[int]] = {}
         self._feed_names = feed_names(plan)
         self._feed_parts = {part: lt.name for lt in plan.logical if lt.kind == "feed" for part in lt.parts}
-        self._executors: list[StreamExecutor | CommExecutor] = []
         self._drivers: list[Driver] = []
         self._buffers: list[list[np.ndarray]] = []
         self._iterations = 0
@@ -90,6 +90,8 @@ class Runtime:
         self._results: list[dict[str, np.ndarray]] = []
         self._base = 0
         self._remaining = 0
+        self._counting = threading.Lock()
+        self._token: trio.lowlevel.TrioToken | None = None
         self._done = trio.Event()
         self._running = False
         self._error: BaseException | None = None
@@ -113,10 +115,10 @@ class Runtime:
         self._state = "open"
         try:
             self._stack.enter_context(single_threaded_blas())
-            token = trio.lowlevel.current_trio_token()
+            token = self._token = trio.lowlevel.current_trio_token()
             if self._transport is not None:
                 await self._transport.connect(_groups(self.plan), _digest(self.plan))
-            self._build(token)
+            self._build()
             self._stack.callback(self._stop_threads)
             if self._transport is not None:
                 self._transport.on_failure = functools.partial(post, token, self.fail)
@@ -124,11 +126,9 @@ class Runtime:
                 self._transport.on_reply = functools.partial(post, token, self._got_answer)
                 self._transport.start()
             self._nursery = await self._stack.enter_async_context(trio.open_nursery())
-            for driver in self._drivers:
-                self._nursery.start_soon(driver.serve)
             self._nursery.start_soon(self._watchdog)
-            for executor in self._executors:
-                executor.start()
+            for driver in self._drivers:
+                driver.start()
         except BaseException:
             self._state = "closed"
             if self._nursery is not None:
@@ -155,7 +155,7 @@ class Runtime:
 
     # -- wiring ------------------------------------------------------------------
 
-    def _build(self, token: trio.lowlevel.TrioToken) -> None:
+    def _build(self) -> None:
         plan = self.plan
         local = [a for a in plan.actors if plan.rank_of(a.device) == self.rank]
         mine = {a.id for a in local}
@@ -213,8 +213,6 @@ class Runtime:
         for out in plan.outputs:
             if out.actor in mine:
                 self._members[out.actor].unit.fetch = out.name
-        for unit in self.units:
-            unit.finish_wiring()
 
         for stream in streams:
             ordered = stream.kind == "collective"
@@ -222,15 +220,9 @@ class Runtime:
             if not ordered:
                 units.sort(key=lambda u: u.priority)
             transport = self._transport if stream.kind == "comm" else None
-            driver = Driver(self, stream.name, units, ordered, token, transport)
-            self._executors.append(driver.executor)
-            self._drivers.append(driver)
+            self._drivers.append(Driver(self, stream.name, units, ordered, transport))
         if not plan.overlap:
-            compute = {
-                s.device: d.executor
-                for s, d in zip(streams, self._drivers)
-                if s.kind == "compute" and isinstance(d.executor, StreamExecutor)
-            }
+            compute = {s.device: d for s, d in zip(streams, self._drivers) if s.kind == "compute"}
             for coll in plan.collectives:
                 ids = [a for a in coll.actors if a in mine]
                 if not ids:
@@ -253,7 +245,6 @@ class Runtime:
                     slot=protocol.index(k),
                     control=reg.control,
                     buffers=self._buffers[reg.id],
-                    event=i.event,
                     same_stream=i.sync == "stream",
                     producer=producer,
                     out=producer.actor.outputs.index(reg.id),
@@ -330,15 +321,13 @@ class Runtime:
             for k, f in enumerate(arrays):
                 self._feeds[self._base + k] = f
             self._results = [{} for _ in arrays]
-            self._remaining = 0
             self._done = trio.Event()
+            self._remaining = sum(
+                len(arrays) // m.actor.every * m.actor.calls for m in self._members.values()
+            )
             self._running = True
-            for member in self._members.values():
-                acts = len(arrays) // member.actor.every * member.actor.calls
-                member.state.acts_left += acts
-                self._remaining += acts
             for driver in self._drivers:
-                driver.post((KICK,))
+                driver.post((KICK, len(arrays)))
             try:
                 await self._done.wait()
             except BaseException:
@@ -354,26 +343,32 @@ class Runtime:
         return self._feeds[iteration][name]
 
     def completed(
-        self, unit: Unit, iteration: int, result: Any, start: float, end: float, taken: list, waited: Any
+        self, unit: Unit, iteration: int, result: Any, start: float, end: float, taken: list
     ) -> None:
-        """``iteration``: the unit's own act number; an actor acting once per step of m
-        micro-batches (``every`` m) does act n for micro-batches n*m .. n*m + m - 1.
-        ``taken``: the output buffers per member; ``waited``: see ``executor``."""
-        self.progress += 1
+        """A kernel ended, told by its stream's thread. ``iteration``: the unit's own act
+        number; an actor acting once per step of m micro-batches (``every`` m) does act n
+        for micro-batches n*m .. n*m + m - 1. ``taken``: the output buffers per member.
+        The last act of a run wakes trio."""
         every = unit.members[0].actor.every
         if unit.fetch is not None:
             self._results[_last_micro_batch(iteration, every) - self._base][unit.fetch] = result
         if self.recorder.enabled:
-            self._record(unit, iteration, start, end, taken, waited)
-        self._remaining -= len(unit.members)
-        if self._remaining == 0:
+            self._record(unit, iteration, start, end, taken)
+        with self._counting:
+            self._remaining -= len(unit.members)
+            finished = self._remaining == 0
+        if finished:
             self._feeds.clear()
-            self._done.set()
+            self._soon(self._done.set)
 
-    def _record(self, unit: Unit, act: int, start: float, end: float, taken: list, waited: Any) -> None:
-        """A span for the kernel (step, micro-batch, buffer written, stage, rank, phase, the
-        producer acts it read, for flow arrows) and one for its stream's wait on other
-        streams, if it waited."""
+    @property
+    def progress(self) -> int:
+        """Launches and completions so far, for the stall watchdog."""
+        return sum(d.acted for d in self._drivers)
+
+    def _record(self, unit: Unit, act: int, start: float, end: float, taken: list) -> None:
+        """A span for the kernel: step, micro-batch, buffer written, stage, rank, phase and
+        the producer acts it read, for flow arrows."""
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
@@ -402,11 +397,6 @@ class Runtime:
         ]
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
             args["inputs"].append([self._peers[actor.id].name, act])
-        if waited is not None:
-            wait_args = {"iteration": args["iteration"], "for": waited[2], **self._span_args[actor.id]}
-            self.recorder.add(
-                stream.device, stream.name, f"wait {waited[2]}", "wait", waited[0], waited[1], wait_args
-            )
         self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
 
     def _producer_act(self, actor: Actor, slot: int, spec: InputSpec, micro_batch: int) -> int:
@@ -420,6 +410,19 @@ class Runtime:
         return made * producer.calls + next(
             c.call for c in reg.consumers if (c.actor, c.slot) == (actor.id, slot)
         )
+
+    def _soon(self, fn: Any, *args: Any) -> None:
+        """Call ``fn(*args)`` on the trio thread (from a stream's thread)."""
+        assert self._token is not None, "stream threads run only inside an open Runtime"
+        post(self._token, fn, *args)
+
+    def fail_soon(self, exc: BaseException) -> None:
+        """``fail``, from a stream's thread."""
+        self._soon(self.fail, exc)
+
+    def fail_kernel_soon(self, exc: BaseException, unit: Unit, iteration: int) -> None:
+        """``fail_kernel``, from a stream's thread."""
+        self._soon(self.fail_kernel, exc, unit, iteration)
 
     def fail_kernel(self, exc: BaseException, unit: Unit, iteration: int) -> None:
         actor = unit.members[0].actor
@@ -451,11 +454,9 @@ class Runtime:
                 # a survivor of a killed rank as soon as it wrote anything, mid-traceback
                 sys.stderr.write(f"actorflow: rank {self.rank} stops: {exc}\n")
                 sys.stderr.flush()
-        for executor in self._executors:
-            executor.close()
-        self._done.set()
         for driver in self._drivers:
-            driver.post((KICK,))
+            driver.close()
+        self._done.set()
 
     @property
     def failed(self) -> bool:
@@ -466,12 +467,12 @@ class Runtime:
             raise self._error
 
     def _stop_threads(self, grace: float = 10.0) -> None:
-        for executor in self._executors:
-            executor.close()
+        for driver in self._drivers:
+            driver.close()
         if self._transport is not None:
             self._transport.close()
         deadline = time.monotonic() + grace
-        threads = [e.thread for e in self._executors]  # the comm stream's is the transport's
+        threads = [d.thread for d in self._drivers]
         if self._transport is not None and self._transport.thread not in threads:
             threads.append(self._transport.thread)
         for thread in threads:

@@ -15,7 +15,7 @@ and they need its polls to move the data). A send is polled so too, for its byte
 time (its receive is usually posted already).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
-completions go back to trio in one batch per poll, as a stream's do), and collectives
+completions go to the stream's driver as messages), and collectives
 over ranks (``call``: a collective stream's thread waits, off MPI, until its collective
 completed).
 
@@ -47,7 +47,7 @@ from typing import Any
 import trio
 
 from ..errors import RankError
-from .executor import post
+from .executor import Completion
 
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
@@ -98,7 +98,6 @@ class Transport:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._failed = False
-        self._dirty: set[CommExecutor] = set()
         self.thread = threading.Thread(target=self._loop, name=f"rank{self.rank}/transport", daemon=True)
 
     async def connect(self, groups: Sequence[tuple[Hashable, tuple[int, ...]]], digest: bytes) -> None:
@@ -180,9 +179,6 @@ class Transport:
             self._closed = True
             self._queue.put(None)
 
-    def mark_dirty(self, executor: CommExecutor) -> None:
-        self._dirty.add(executor)
-
     # -- the thread ------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -230,9 +226,6 @@ class Transport:
                                 done(None)
                             moving -= live[k][2]
                         live = [x for k, x in enumerate(live) if k not in finished_set]
-                        for executor in self._dirty:
-                            executor.flush()
-                        self._dirty.clear()
                 now = time.monotonic()
                 if now >= next_control:
                     next_control = now + CONTROL_EVERY
@@ -301,41 +294,28 @@ class Transport:
 class CommExecutor:
     """The communication stream of a rank: sends and receives started on the transport
     thread, completing in any order. It looks like a ``StreamExecutor`` to the driver
-    (``submit``, ``close``, ``submitted``, ``done``, ``running``, ``thread``); its kernels
-    are ``kernel(ins, outs, comm)`` returning the MPI request."""
+    (``launch``, ``close``, ``submitted``, ``done``, ``running``), but its launches return
+    at once and report their completion (``on_done``) from the transport's thread; its
+    kernels are ``kernel(ins, outs, comm)`` returning the MPI request."""
 
-    def __init__(
-        self, name: str, token: trio.lowlevel.TrioToken, deliver: Callable[[list], None], transport: Transport
-    ) -> None:
+    def __init__(self, name: str, transport: Transport, on_done: Callable[[Completion], None]) -> None:
         self.name = name
-        self._token = token
-        self._deliver = deliver
         self._transport = transport
-        self._batch: list = []
+        self._on_done = on_done
         self.submitted = 0
         self.done = 0
         self.running = None
-        self.thread = transport.thread
 
-    def start(self) -> None:
-        """The transport's thread is started by the runtime, once for every user."""
-
-    def submit(self, kernel: Callable, ins: list, outs: list, waits: list, ctx: Any, urgent: bool) -> int:
+    def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
         self.submitted += 1
         began = time.perf_counter()
 
         def done(error: BaseException | None) -> None:
             self.done += 1
-            self._batch.append((ctx, error, began, time.perf_counter(), error is None, None))
-            self._transport.mark_dirty(self)
+            self._on_done((ctx, error, began, time.perf_counter(), error is None))
 
         spin = sum(x.nbytes for x in ins) / SPIN_BANDWIDTH  # a send's data, as for a collective
         self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, spin)
-        return self.submitted
-
-    def flush(self) -> None:
-        batch, self._batch = self._batch, []
-        post(self._token, self._deliver, batch)
 
     def close(self) -> None:
         self._transport.close()

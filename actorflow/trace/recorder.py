@@ -45,6 +45,7 @@ import heapq
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Collection, Iterable
 from typing import Any
@@ -110,26 +111,28 @@ class Recorder:
         self._groups: dict[int, list[Span]] = {}  # per iteration (-1: none), oldest first by heap
         self._oldest: list[int] = []
         self._held = 0
+        self._lock = threading.Lock()  # stream threads add their spans themselves
         self._unix_offset = time.time() - time.perf_counter()
 
     def add(
         self, process: str, thread: str, name: str, category: str, start: float, end: float, args: dict
     ) -> None:
         iteration = args.get("iteration")
-        if iteration is not None:
-            if self.iterations is not None and iteration not in self.iterations:
-                return
-            if self.kept_from is not None and iteration < self.kept_from:
-                return
+        if iteration is not None and self.iterations is not None and iteration not in self.iterations:
+            return
         key = -1 if iteration is None else iteration
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = []
-            heapq.heappush(self._oldest, key)
-        group.append(Span(process, thread, name, category, start, end, args))
-        self._held += 1
-        while self.limit is not None and self._held > self.limit:
-            self._drop_oldest()
+        span = Span(process, thread, name, category, start, end, args)
+        with self._lock:
+            if self.kept_from is not None and 0 <= key < self.kept_from:
+                return
+            group = self._groups.get(key)
+            if group is None:
+                group = self._groups[key] = []
+                heapq.heappush(self._oldest, key)
+            group.append(span)
+            self._held += 1
+            while self.limit is not None and self._held > self.limit:
+                self._drop_oldest()
 
     def _drop_oldest(self) -> None:
         key = heapq.heappop(self._oldest)
