@@ -1,7 +1,12 @@
 """How much the runtime costs, and whether it pays off.
 
 (a) host overhead per act: a chain of no-op ``call`` actors on one device, many
-    iterations, against a plain Python loop calling the same functions;
+    iterations, against a plain Python loop calling the same functions (goal, #11: at
+    most 15x the plain loop's per-call cost at quota 2);
+(d) host overhead per hop: one no-op actor on each of cpu:0, cpu:1 and cpu:2, one after
+    the other; a hop is a hand-off from one device to the next (two per iteration),
+    against a thread ping-pong round trip (``queue.SimpleQueue``), the machine's price of
+    two wake-ups (goal, #11: at most 0.75x; one wake-up, 0.5x, is the floor);
 (b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
     against the same chain on cpu:0 alone;
 (c) registers in flight: the most buffers any register held at once, against its quota.
@@ -15,8 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import queue
 import statistics
 import sys
+import threading
 import time
 
 import numpy as np
@@ -36,6 +43,38 @@ def noop_chain(actors: int, quota: int) -> af.Plan:
             h = af.ops.call(noop, h, shape=(1,), dtype="float32")
         af.output("y", h)
     return af.compile(g, quota=quota)
+
+
+def device_chain(devices: int, quota: int) -> af.Plan:
+    """One no-op actor per device, each handing its result to the next device."""
+    with af.Graph() as g:
+        h = af.placeholder("x", (1,), "float32", "cpu:0")
+        for d in range(devices):
+            h = af.ops.to_device(h, f"cpu:{d}") if d else h
+            h = af.ops.call(noop, h, shape=(1,), dtype="float32")
+        af.output("y", h)
+    return af.compile(g, quota=quota)
+
+
+def ping_pong(rounds: int) -> float:
+    """µs per round trip of a message to another thread and back."""
+    there: queue.SimpleQueue = queue.SimpleQueue()
+    back: queue.SimpleQueue = queue.SimpleQueue()
+
+    def echo() -> None:
+        while (item := there.get()) is not None:
+            back.put(item)
+
+    thread = threading.Thread(target=echo)
+    thread.start()
+    start = time.perf_counter()
+    for k in range(rounds):
+        there.put(k)
+        back.get()
+    elapsed = time.perf_counter() - start
+    there.put(None)
+    thread.join()
+    return elapsed / rounds * 1e6
 
 
 def matmul_chain(length: int, size: int, devices: int, quota: int, fetch: str = "all") -> af.Plan:
@@ -80,6 +119,18 @@ def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tup
     return statistics.median(ours), statistics.median(plain)
 
 
+def hop_overhead(devices: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
+    """(µs per hop in actorflow, µs per ping-pong round trip), medians, measured in turns."""
+    plan = device_chain(devices, quota)
+    feeds = [{"x": np.ones(1, np.float32)}] * iterations
+    hops = (devices - 1) * iterations
+    ours, trips = [], []
+    for _ in range(repeats):
+        ours.append(timed_run(plan, feeds)[0] / hops * 1e6)
+        trips.append(ping_pong(iterations))
+    return statistics.median(ours), statistics.median(trips)
+
+
 def two_devices(
     length: int, size: int, iterations: int, quota: int, repeats: int, fetch: str = "all"
 ) -> tuple[float, float, list[float]]:
@@ -105,7 +156,8 @@ def in_flight(length: int, size: int, iterations: int, quota: int) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=5, help="runs per figure; medians are printed (default 5)")
-    p.add_argument("--actors", type=int, default=8, help="no-op actors in the chain of (a) (default 8)")
+    p.add_argument("--actors", type=int, default=10, help="no-op actors in the chain of (a) (default 10)")
+    p.add_argument("--devices", type=int, default=3, help="devices in the chain of (d) (default 3)")
     p.add_argument("--iterations", type=int, default=2000, help="iterations of (a) (default 2000)")
     p.add_argument(
         "--quotas",
@@ -133,6 +185,7 @@ def main() -> int:
         f"{os.cpu_count()} cores, medians of {args.repeats} runs"
     )
     overhead = {q: host_overhead(args.actors, args.iterations, args.repeats, q) for q in args.quotas}
+    hops = {q: hop_overhead(args.devices, args.iterations, args.repeats, q) for q in args.quotas}
     cases = [(n, "all") for n in args.lengths] + [(args.lengths[-1], "row")]
     chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
     held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
@@ -142,9 +195,19 @@ def main() -> int:
             f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations, quota {q}",
             f"{us_act:.1f} us/act",
             f"{us_plain:.2f} us/call (plain loop)",
-            f"+{us_act - us_plain:.1f} us/act",
+            f"{us_act / us_plain:.1f}x (+{us_act - us_plain:.1f} us/act)",
         )
         for q, (us_act, us_plain) in overhead.items()
+    ]
+    rows += [
+        (
+            f"(d) host overhead, {args.devices}-device chain of no-op actors x {args.iterations} iterations, "
+            f"quota {q}",
+            f"{us_hop:.1f} us/hop",
+            f"{us_trip:.1f} us/round trip (ping-pong)",
+            f"{us_hop / us_trip:.2f}x",
+        )
+        for q, (us_hop, us_trip) in hops.items()
     ]
     rows += [
         (

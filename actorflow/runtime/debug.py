@@ -57,7 +57,7 @@ def lacking(plan: Plan, member: Member) -> list[str]:
         reasons.append(f"input {reg.name!r} from {spec.producer.actor.name!r} not ready")
     for k in missing_out:
         reg = plan.registers[member.actor.outputs[k]]
-        holders = ", ".join(repr(c.actor.name) for c, _, _ in member.outputs[k].consumers)
+        holders = ", ".join(repr(c.actor.name) for c, _ in member.outputs[k].consumers)
         reasons.append(f"no credit on output {reg.name!r} (all {reg.quota} held by {holders})")
     return reasons
 

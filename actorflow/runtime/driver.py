@@ -7,10 +7,12 @@ fence and, on the communication stream, completion messages) and launches, one a
 time, the unit that can act with the lowest priority number. A unit is one actor, or
 the participants of one collective, which act together as one kernel.
 
-On a stream thread a launch runs the kernel at once, so a consumer on the same stream
-hears "ready" at launch (stream order keeps it behind) and one on another stream at the
-end of the kernel, in one message to its driver's inbox: a hand-off is one wake-up of
-the thread that has work. trio only hears of the end of a run and of failures.
+On a stream thread a launch runs the kernel at once, so consumers hear "ready" and
+producers get their buffers back when the kernel ends: on the same stream by a plain
+call, on another in one message to its driver's inbox. A hand-off is one wake-up of the
+thread that has work; trio only hears of the end of a run and of failures. (The Plan's
+events order what a GPU stream would launch ahead; a CPU stream thread, hearing only of
+finished kernels, never has to wait on one.)
 """
 
 from __future__ import annotations
@@ -33,31 +35,19 @@ READY, FREE, DONE, KICK, FENCE, STOP = "ready", "free", "done", "kick", "fence",
 class InputSpec:
     """How a member reads one input: a parameter buffer, or a producer's register."""
 
-    __slots__ = ("param", "slot", "control", "buffers", "same_stream", "producer", "out")
+    __slots__ = ("param", "slot", "control", "buffers", "producer", "out")
 
-    def __init__(
-        self,
-        param=None,
-        slot=-1,
-        control=False,
-        buffers=None,
-        same_stream=False,
-        producer=None,
-        out=-1,
-    ):
+    def __init__(self, param=None, slot=-1, control=False, buffers=None, producer=None, out=-1):
         self.param = param
         self.slot = slot
         self.control = control
         self.buffers = buffers
-        self.same_stream = same_stream
         self.producer = producer
         self.out = out
 
 
 class OutputSpec:
-    """``consumers``: (member, input slot, early) where early = ready at launch, not at the
-    end of the kernel, if the consumer is on the same stream (stream order suffices).
-    ``control``: an order-only register, never handed to the kernel. ``by_call``: for a
+    """``consumers``: (member, input slot). ``control``: an order-only register, never handed to the kernel. ``by_call``: for a
     reused communication subgraph, the consumers of each call (see ``ActorState``)."""
 
     __slots__ = ("buffers", "consumers", "control", "by_call")
@@ -247,17 +237,15 @@ class Driver:
                 if spec.param is not None:
                     ins.append(spec.param)
                     continue
-                if ready[spec.slot] is None:  # another call's input (a reused subgraph)
+                register = ready[spec.slot]
+                if register is None:  # another call's input (a reused subgraph)
                     continue
-                index = ready[spec.slot][0]
+                index = register[0]
                 if not spec.control:
                     ins.append(spec.buffers[index])
                 if not state.uniform and not state.releases(spec.slot, iteration):
                     continue
-                if spec.same_stream:
-                    self._send_free(spec.producer, spec.out, index)
-                else:
-                    frees.append((spec.producer, spec.out, index))
+                frees.append((spec.producer, spec.out, index))
             for output, index in zip(m.outputs, buffers):
                 if not output.control:
                     outs.append(output.buffers[index])
@@ -265,30 +253,16 @@ class Driver:
                 ins.append(iteration % m.phases)
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
-        later: list = []
-        for m, buffers in zip(unit.members, taken):
-            for k, (output, index) in enumerate(zip(m.outputs, buffers)):
-                if not m.state.uniform and not m.state.publishes(k, iteration):
-                    continue
-                consumers = (
-                    output.consumers if output.by_call is None else output.by_call[iteration % m.state.calls]
-                )
-                for consumer, slot, early in consumers:
-                    if early and consumer.unit.driver is self:
-                        consumer.state.on_ready(slot, index, None)
-                        self._dirty(consumer.unit)
-                    else:
-                        later.append((consumer, slot, index))
         self.acted += 1
-        fence = self._hold(unit)
-        self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, later, taken))
-        if fence is not None:
+        if unit.fences:
+            fence = self._hold(unit)
+            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
             fence.release()
+        else:
+            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
 
-    def _hold(self, unit: Unit) -> Fence | None:
+    def _hold(self, unit: Unit) -> Fence:
         """Park the streams ``unit`` holds (overlap off) before its kernel runs."""
-        if not unit.fences:
-            return None
         fence = Fence(len(unit.fences))
         for driver in unit.fences:
             driver.post((FENCE, fence))
@@ -312,7 +286,7 @@ class Driver:
             driver.post((FREE, producer, out, index))
 
     def _complete(self, completion: Completion) -> None:
-        (unit, iteration, frees, later, taken), result, start, end, ok = completion
+        (unit, iteration, frees, taken), result, start, end, ok = completion
         if not ok:
             self.closed = True
             self.runtime.fail_kernel_soon(result, unit, iteration)
@@ -320,6 +294,14 @@ class Driver:
         self.acted += 1
         for producer, out, index in frees:
             self._send_free(producer, out, index)
-        for consumer, slot, index in later:
-            self._send_ready(consumer, slot, index)
+        for m, buffers in zip(unit.members, taken):
+            state = m.state
+            for k, (output, index) in enumerate(zip(m.outputs, buffers)):
+                if not state.uniform and not state.publishes(k, iteration):
+                    continue
+                consumers = (
+                    output.consumers if output.by_call is None else output.by_call[iteration % state.calls]
+                )
+                for consumer, slot in consumers:
+                    self._send_ready(consumer, slot, index)
         self.runtime.completed(unit, iteration, result, start, end, taken)

@@ -43,6 +43,8 @@ from .transport import QUERY, REPLY, Transport
 
 Feeds = Mapping[str, Any]
 ASK_TIMEOUT = 2.0
+HOSTED_MOVE_BYTES = 1 << 18  # copied in about the time it takes to wake a thread
+HOSTED_PRIORITY = -1  # ahead of every priority the compiler gives
 
 
 class CheckedFeeds(NamedTuple):
@@ -213,6 +215,7 @@ class Runtime:
         for out in plan.outputs:
             if out.actor in mine:
                 self._members[out.actor].unit.fetch = out.name
+        self._host_moves(units_of_stream)
 
         for stream in streams:
             ordered = stream.kind == "collective"
@@ -231,6 +234,31 @@ class Runtime:
                 devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
                 unit.fences = [compute[d] for d in devices if d in compute]
 
+    def _host_moves(self, units_of_stream: dict[int, list[Unit]]) -> None:
+        """Small moves within this process get no thread of their own: a copy between
+        devices or a fetch runs on its producer's stream, a feed on its consumer's, ahead
+        of that stream's other work (they are quick, and another stream waits for them).
+        A hand-off between two devices is then one message, from the producer's thread to
+        the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where
+        they overlap compute."""
+        plan = self.plan
+        host: dict[int, int] = {}  # unit id -> the stream whose thread runs it
+
+        def stream_of(unit: Unit) -> int:
+            if unit.id not in host:
+                host[unit.id] = unit.members[0].actor.stream
+                partner = _partner(plan, unit)
+                if partner is not None and plan.streams[stream_of(partner)].kind in ("compute", "copy"):
+                    host[unit.id] = stream_of(partner)
+            return host[unit.id]
+
+        for unit in self.units:
+            actor, stream = unit.members[0].actor, stream_of(unit)
+            if stream != actor.stream:
+                units_of_stream[actor.stream].remove(unit)
+                units_of_stream[stream].append(unit)
+                unit.priority = HOSTED_PRIORITY
+
     def _wire(self, member: Member) -> None:
         plan, actor = self.plan, member.actor
         protocol = self._protocol[actor.id]
@@ -245,7 +273,6 @@ class Runtime:
                     slot=protocol.index(k),
                     control=reg.control,
                     buffers=self._buffers[reg.id],
-                    same_stream=i.sync == "stream",
                     producer=producer,
                     out=producer.actor.outputs.index(reg.id),
                 )
@@ -253,12 +280,7 @@ class Runtime:
         for o in actor.outputs:
             reg = plan.registers[o]
             consumers = [
-                (
-                    self._members[c.actor],
-                    self._protocol[c.actor].index(c.slot),
-                    plan.actors[c.actor].inputs[c.slot].sync != "completion",
-                )
-                for c in reg.consumers
+                (self._members[c.actor], self._protocol[c.actor].index(c.slot)) for c in reg.consumers
             ]
             by_call = None
             if actor.calls > 1:
@@ -662,6 +684,26 @@ def _period(plan: Plan, actor, register: int) -> int:
     """Every how many acts ``actor`` hands output ``register`` on (an accumulate's > 1)."""
     every = max((plan.actors[c.actor].every for c in plan.registers[register].consumers), default=1)
     return max(1, every // actor.every)
+
+
+def _partner(plan: Plan, unit: Unit) -> Unit | None:
+    """The unit on whose stream a small move within the process runs (see
+    ``_host_moves``): a copy's or a fetch's producer, a feed's one consumer; None where
+    it keeps its own stream."""
+    if len(unit.members) > 1:
+        return None
+    member = unit.members[0]
+    actor = member.actor
+    if actor.kind not in ("copy", "fetch", "feed") or actor.calls > 1 or not member.state.uniform:
+        return None
+    moved = [plan.registers[o] for o in actor.outputs] or [plan.registers[i.register] for i in actor.inputs]
+    if sum(r.nbytes for r in moved) > HOSTED_MOVE_BYTES:
+        return None
+    if actor.kind == "feed":
+        consumers = {c.unit for o in member.outputs for c, _ in o.consumers}
+        return consumers.pop() if len(consumers) == 1 else None
+    inputs = [s for s in member.inputs if s.param is None]
+    return inputs[0].producer.unit if len(inputs) == 1 else None
 
 
 def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:

@@ -149,7 +149,7 @@ class _Chain:
         hear "ready" at completion wait on ``member``'s own launched kernel.
         """
         held = {i for i, n in enumerate(member.state.pending[out]) if n}
-        for consumer, slot, _ in member.outputs[out].consumers:
+        for consumer, slot in member.outputs[out].consumers:
             state = consumer.state
             if any(i in held for i, _ in state.ready[slot]):
                 return consumer, _Look.WAIT
@@ -157,7 +157,7 @@ class _Chain:
             if state.iteration % state.holds[slot] and current is not None and current[0] in held:
                 return consumer, _Look.WAIT
             executor = consumer.unit.driver.executor
-            if not fed_inputs(consumer)[slot].same_stream and executor.done < executor.submitted:
+            if executor.done < executor.submitted:
                 return consumer, _Look.KERNEL
         return member, _Look.KERNEL
 
