@@ -97,10 +97,10 @@ async def test_the_callers_own_exception_is_not_replaced():
                     raise LookupError("mine") from None
 
 
-def test_urgent_news_does_not_wait_behind_a_long_kernel():
-    """A short kernel whose completion frees another stream's buffer, then a long one on the
-    same stream: the other stream hears of the first before the second ends (second run,
-    once the stream knows the long kernel is long)."""
+def test_a_small_move_does_not_wait_behind_a_long_kernel():
+    """A short kernel whose completion frees the feed's buffer, then a long one: the next
+    feed (a small move, run on the compute stream's thread ahead of its other work) is
+    made before the long kernel ends, not after."""
     with af.Graph() as g:
         x = af.placeholder("x", (2,), "float64", "cpu:0")
         y = af.ops.call(userfns.identity, x, shape=(2,), dtype="float64", name="short")

@@ -89,12 +89,12 @@ def test_debug_actors_logs_each_act_attempt(monkeypatch, caplog, actor_logger):
     for act in range(3):
         assert f"actor h on cpu:0/compute, act {act}: acts" in lines
         assert f"actor z on cpu:1/compute, act {act}: acts" in lines
-    # right after act 0's launch, neither the next input nor the credit can be back
+    # small moves run on their partner's thread, first: the copy is tried before 'h' acted
+    assert "actor x on cpu:0/copy (run by cpu:0/compute), act 0: acts" in lines
     assert (
-        "actor h on cpu:0/compute, act 1: waits: input 'x' from 'x' not ready; "
-        "no credit on output 'h' (all 1 held by 'cp')"
-    ) in lines
-    assert "actor x on cpu:0/copy, act 1: waits: no credit on output 'x' (all 1 held by 'h')" in lines
+        "actor cp on cpu:1/copy (run by cpu:0/compute), act 0: waits: input 'h' from 'h' not ready" in lines
+    )
+    assert "actor y on cpu:1/copy (run by cpu:1/compute), act 0: waits: input 'z' from 'z' not ready" in lines
     assert "actor z on cpu:1/compute, act 3: has no acts left in this run" in lines
 
 

@@ -87,14 +87,22 @@ class ActorLog:
                 for m in unit.members
                 for reason in lacking(self.plan, m)
             )
-        self.logger.debug("actor %s on %s, act %d: %s", unit.name, stream, state.iteration, what)
+        self.logger.debug(
+            "actor %s on %s, act %d: %s", unit.name, self._where(stream, unit), state.iteration, what
+        )
 
     def turn(self, stream: str, unit: Unit, first: Unit) -> None:
         """``unit`` waits for its place in the collective order, where ``first`` comes first."""
         self.logger.debug(
             "actor %s on %s, act %d: waits for its turn: %r is next in collective order",
             unit.name,
-            stream,
+            self._where(stream, unit),
             unit.members[0].state.iteration,
             first.name,
         )
+
+    def _where(self, thread: str, unit: Unit) -> str:
+        """The actor's stream in the plan, and the thread that runs it if another's (a
+        small move runs on its partner's stream, see ``Runtime._host_moves``)."""
+        stream = self.plan.streams[unit.members[0].actor.stream].name
+        return stream if stream == thread else f"{stream} (run by {thread})"

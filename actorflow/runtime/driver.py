@@ -80,6 +80,10 @@ class Member:
         self.outputs: list[OutputSpec] = []
         self.phases = phases
 
+    def acts(self, iterations: int) -> int:
+        """How many times this actor acts in a run of ``iterations``."""
+        return iterations // self.actor.every * self.actor.calls
+
 
 class Unit:
     """What a driver launches as one kernel: one actor, or a collective's participants.
@@ -134,6 +138,7 @@ class Driver:
         self.ordered = ordered
         self.cursor = 0
         self.acted = 0
+        self.owed = 0  # acts of this run yet to complete
         self.closed = False
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
@@ -192,7 +197,9 @@ class Driver:
         elif kind is KICK:
             for unit in self.units:
                 for m in unit.members:
-                    m.state.acts_left += message[1] // m.actor.every * m.actor.calls
+                    acts = m.acts(message[1])
+                    m.state.acts_left += acts
+                    self.owed += acts
                 self._dirty(unit)
         elif kind is FENCE:
             message[1].park(lambda: self.closed)
@@ -215,9 +222,9 @@ class Driver:
                 if self.ordered:
                     self.cursor = (self.cursor + 1) % len(self.units)
                     self._dirty(self.units[self.cursor])
-                else:
-                    self._dirty(unit)
                 self._launch(unit)
+                if not self.ordered and unit.can_act():  # else news will tell when it can
+                    self._dirty(unit)
             elif log is not None:
                 log.attempt(self.name, unit, False)
             if not inbox.empty():
@@ -305,3 +312,6 @@ class Driver:
                 for consumer, slot in consumers:
                     self._send_ready(consumer, slot, index)
         self.runtime.completed(unit, iteration, result, start, end, taken)
+        self.owed -= len(unit.members)
+        if self.owed == 0:
+            self.runtime.stream_finished()

@@ -345,9 +345,11 @@ class Runtime:
             self._results = [{} for _ in arrays]
             self._done = trio.Event()
             self._remaining = sum(
-                len(arrays) // m.actor.every * m.actor.calls for m in self._members.values()
+                any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers
             )
             self._running = True
+            if not self._remaining:
+                self._done.set()
             for driver in self._drivers:
                 driver.post((KICK, len(arrays)))
             try:
@@ -369,15 +371,17 @@ class Runtime:
     ) -> None:
         """A kernel ended, told by its stream's thread. ``iteration``: the unit's own act
         number; an actor acting once per step of m micro-batches (``every`` m) does act n
-        for micro-batches n*m .. n*m + m - 1. ``taken``: the output buffers per member.
-        The last act of a run wakes trio."""
-        every = unit.members[0].actor.every
+        for micro-batches n*m .. n*m + m - 1. ``taken``: the output buffers per member."""
         if unit.fetch is not None:
+            every = unit.members[0].actor.every
             self._results[_last_micro_batch(iteration, every) - self._base][unit.fetch] = result
         if self.recorder.enabled:
             self._record(unit, iteration, start, end, taken)
+
+    def stream_finished(self) -> None:
+        """A stream's thread completed its acts of this run; the last one wakes trio."""
         with self._counting:
-            self._remaining -= len(unit.members)
+            self._remaining -= 1
             finished = self._remaining == 0
         if finished:
             self._feeds.clear()
