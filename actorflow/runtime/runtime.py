@@ -247,9 +247,9 @@ class Runtime:
         def stream_of(unit: Unit) -> int:
             if unit.id not in host:
                 host[unit.id] = unit.members[0].actor.stream
-                partner = _partner(plan, unit)
-                if partner is not None and plan.streams[stream_of(partner)].kind in ("compute", "copy"):
-                    host[unit.id] = stream_of(partner)
+                partners = {stream_of(p) for p in _partners(plan, unit)}
+                if len(partners) == 1 and plan.streams[stream := partners.pop()].kind in ("compute", "copy"):
+                    host[unit.id] = stream
             return host[unit.id]
 
         for unit in self.units:
@@ -690,24 +690,23 @@ def _period(plan: Plan, actor, register: int) -> int:
     return max(1, every // actor.every)
 
 
-def _partner(plan: Plan, unit: Unit) -> Unit | None:
-    """The unit on whose stream a small move within the process runs (see
-    ``_host_moves``): a copy's or a fetch's producer, a feed's one consumer; None where
-    it keeps its own stream."""
+def _partners(plan: Plan, unit: Unit) -> list[Unit]:
+    """The units on whose stream a small move within the process may run (see
+    ``_host_moves``): a copy's or a fetch's producer, a feed's consumers; none where it
+    keeps its own stream."""
     if len(unit.members) > 1:
-        return None
+        return []
     member = unit.members[0]
     actor = member.actor
     if actor.kind not in ("copy", "fetch", "feed") or actor.calls > 1 or not member.state.uniform:
-        return None
+        return []
     moved = [plan.registers[o] for o in actor.outputs] or [plan.registers[i.register] for i in actor.inputs]
     if sum(r.nbytes for r in moved) > HOSTED_MOVE_BYTES:
-        return None
+        return []
     if actor.kind == "feed":
-        consumers = {c.unit for o in member.outputs for c, _ in o.consumers}
-        return consumers.pop() if len(consumers) == 1 else None
+        return [c.unit for o in member.outputs for c, _ in o.consumers]
     inputs = [s for s in member.inputs if s.param is None]
-    return inputs[0].producer.unit if len(inputs) == 1 else None
+    return [inputs[0].producer.unit] if len(inputs) == 1 else []
 
 
 def _lasting(kernel, seconds: float, ins: list, outs: list) -> Any:
