@@ -89,7 +89,18 @@ class Unit:
     """What a driver launches as one kernel: one actor, or a collective's participants.
     ``fences``: the drivers of streams this unit holds while it runs (overlap off)."""
 
-    __slots__ = ("id", "name", "priority", "members", "kernel", "driver", "feed", "fetch", "fences")
+    __slots__ = (
+        "id",
+        "name",
+        "priority",
+        "members",
+        "kernel",
+        "driver",
+        "feed",
+        "fetch",
+        "fences",
+        "can_act",
+    )
 
     driver: Driver
     """Set by the Driver of the unit's stream."""
@@ -105,8 +116,10 @@ class Unit:
         self.fences: list[Driver] = []
         for m in members:
             m.unit = self
+        self.can_act = members[0].state.can_act if len(members) == 1 else self._all_can_act
+        """Whether every member can act (see ``ActorState.can_act``)."""
 
-    def can_act(self) -> bool:
+    def _all_can_act(self) -> bool:
         for m in self.members:
             if not m.state.can_act():
                 return False
@@ -130,7 +143,7 @@ class Driver:
         self.runtime = runtime
         self.name = name
         self.executor: StreamExecutor | CommExecutor = (
-            StreamExecutor(name, self._complete)
+            StreamExecutor(name, self._complete, timed=runtime.recorder.enabled)
             if transport is None
             else CommExecutor(name, transport, self._on_comm_done)
         )
@@ -139,6 +152,7 @@ class Driver:
         self.cursor = 0
         self.acted = 0
         self.owed = 0  # acts of this run yet to complete
+        self._recording = runtime.recorder.enabled
         self.closed = False
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
@@ -240,9 +254,11 @@ class Driver:
             state = m.state
             iteration, ready, buffers = state.take()
             taken.append(buffers)
+            every_act = state.uniform  # else only some acts release an input
             for spec in m.inputs:
-                if spec.param is not None:
-                    ins.append(spec.param)
+                param = spec.param
+                if param is not None:
+                    ins.append(param)
                     continue
                 register = ready[spec.slot]
                 if register is None:  # another call's input (a reused subgraph)
@@ -250,9 +266,8 @@ class Driver:
                 index = register[0]
                 if not spec.control:
                     ins.append(spec.buffers[index])
-                if not state.uniform and not state.releases(spec.slot, iteration):
-                    continue
-                frees.append((spec.producer, spec.out, index))
+                if every_act or state.releases(spec.slot, iteration):
+                    frees.append((spec.producer, spec.out, index))
             for output, index in zip(m.outputs, buffers):
                 if not output.control:
                     outs.append(output.buffers[index])
@@ -311,7 +326,8 @@ class Driver:
                 )
                 for consumer, slot in consumers:
                     self._send_ready(consumer, slot, index)
-        self.runtime.completed(unit, iteration, result, start, end, taken)
+        if unit.fetch is not None or self._recording:
+            self.runtime.completed(unit, iteration, result, start, end, taken)
         self.owed -= len(unit.members)
         if self.owed == 0:
             self.runtime.stream_finished()
