@@ -6,6 +6,9 @@ and the original limits come back when the last one closes.
 
 Enter it from the caller's thread: with the OpenBLAS that numpy ships (0.3.31), a limit
 set from another thread was seen to have no effect once a limit had been restored.
+
+The BLAS libraries are looked up once per process (the scan of every loaded library took
+most of a millisecond, at each Runtime's start); one loaded later is not limited.
 """
 
 from __future__ import annotations
@@ -13,20 +16,23 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 _lock = threading.Lock()
 _users = 0
-_limiter: threadpool_limits | None = None
+_controller: ThreadpoolController | None = None
+_limiter: Any = None
 
 
 @contextlib.contextmanager
 def single_threaded_blas() -> Iterator[None]:
-    global _users, _limiter
+    global _users, _limiter, _controller
     with _lock:
         if _users == 0:
-            _limiter = threadpool_limits(limits=1, user_api="blas")
+            _controller = _controller or ThreadpoolController()
+            _limiter = _controller.limit(limits=1, user_api="blas")
         _users += 1
     try:
         yield
