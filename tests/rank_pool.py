@@ -1,9 +1,13 @@
-"""A pool of ranks for property tests (see ``ranks.Pool``): rank 0 reads cases from stdin,
-one base64 pickle a line, and hands each to the other ranks; every rank compiles and runs
-it; rank 0 prints ``RESULT`` and the outcome (the outputs, or the error's text).
+"""A pool of ranks for tests (see ``ranks.Pool``), so that a test pays mpiexec's start
+once, not per case: rank 0 reads cases from stdin, one base64 pickle a line, and hands
+each to the other ranks; every rank runs it; rank 0 prints ``RESULT`` and the outcome
+(what the case returned on rank 0, or the error's text).
 
-A case: (recipe, ranks, quota, iterations, feed seed); the plan is the recipe's graph
-compiled with ``ranks`` as the list of devices per rank.
+A case is (kind, *args):
+- ("graph", recipe, ranks, quota, iterations, feed seed): the recipe's graph compiled
+  with ``ranks`` as the list of devices per rank, run; the outputs;
+- ("train", config path, overrides): ``train`` of that config; the losses and every
+  parameter, as ``test_ranks`` compares them.
 """
 
 import base64
@@ -12,10 +16,13 @@ import sys
 import time
 import traceback
 
+import numpy as np
 from mpi4py import MPI
 
 import actorflow as af
 import graph_strategies as gs
+from actorflow.config import load_config
+from actorflow.training import train
 
 CASE = 7
 
@@ -33,14 +40,26 @@ def next_case(comm):
     return comm.recv(source=0, tag=CASE)
 
 
+def run_graph(recipe, ranks, quota, iterations, seed):
+    graph, _ = gs.build(recipe)
+    plan = af.compile(graph, quota=quota, ranks=ranks)
+    return af.run(plan, gs.make_feeds(recipe, iterations, seed), stall_timeout=20)
+
+
+def run_training(config, overrides):
+    result = train(load_config(config, overrides))
+    return {"losses": np.array(result.losses), **{f"p_{k}": v for k, v in result.parameters.items()}}
+
+
+CASES = {"graph": run_graph, "train": run_training}
+
+
 def main() -> None:
     comm = MPI.COMM_WORLD.Dup()
     while (line := next_case(comm)) is not None:
-        recipe, ranks, quota, iterations, seed = pickle.loads(base64.b64decode(line))
+        kind, *args = pickle.loads(base64.b64decode(line))
         try:
-            graph, _ = gs.build(recipe)
-            plan = af.compile(graph, quota=quota, ranks=ranks)
-            outcome = ("ok", af.run(plan, gs.make_feeds(recipe, iterations, seed), stall_timeout=20))
+            outcome = ("ok", CASES[kind](*args))
         except Exception:  # noqa: BLE001 - the test shows it
             outcome = ("error", traceback.format_exc())
         if comm.Get_rank() == 0:

@@ -21,9 +21,18 @@ pytestmark = pytest.mark.xdist_group("mpi")  # one mpiexec at a time: two at onc
 WORLD = 3
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pool():
+    """WORLD ranks for one test's examples (one mpiexec at a time, so not longer)."""
     p = ranks.Pool(WORLD)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="class")
+def pair():
+    """Two ranks, for the training cases that run on two."""
+    p = ranks.Pool(2, timeout=150)
     yield p
     p.close()
 
@@ -39,7 +48,13 @@ def placements(draw, devices: tuple[str, ...]) -> list[list[str]]:
 
 @pytest.mark.timeout(240)
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,  # the pool serves every example
+    ],
 )
 @given(data=st.data())
 def test_random_graphs_over_ranks_equal_one_process(pool, data):
@@ -53,7 +68,7 @@ def test_random_graphs_over_ranks_equal_one_process(pool, data):
     seed = data.draw(st.integers(0, 2**16), label="feed seed")
     graph, _ = gs.build(recipe)
     expected = af.run(af.compile(graph, quota=quota, ranks=1), gs.make_feeds(recipe, iterations, seed))
-    status, got = pool.run((recipe, placement, quota, iterations, seed))
+    status, got = pool.run(("graph", recipe, placement, quota, iterations, seed))
     assert status == "ok", got
     assert len(got) == len(expected)
     for mine, theirs in zip(got, expected):
@@ -88,29 +103,33 @@ ONE_COLLECTIVE_A_STREAM = [*DATA_PARALLEL, "runtime.fusion=false", "runtime.max_
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    ("world", "config", "sets"),
-    [
-        (2, "default", ["train.steps=10", "parallel.schedule=gpipe"]),
-        (2, "default", ["train.steps=10", "parallel.schedule=1f1b"]),
-        (2, "default", ["train.steps=10", *DATA_PARALLEL]),
-        (4, "2x2", ["train.steps=10"]),
-        # each stream of a group has its own communicator, so collectives running at once
-        # on two streams can't start in different orders
-        (2, "default", ["train.steps=5", *ONE_COLLECTIVE_A_STREAM]),
-        (2, "default", ["train.steps=5", *ONE_COLLECTIVE_A_STREAM, "runtime.comm_reuse=-1"]),
-    ],
-    ids=[
-        "pipeline-gpipe",
-        "pipeline-1f1b",
-        "data-parallel",
-        "2x2-on-4",
-        "a-stream-per-collective",
-        "comm-reuse",
-    ],
-)
-def test_training_on_ranks_equals_one_process(tmp_path, world, config, sets):
-    sets = [*sets, "model.dtype=float64"]
-    expected = train_in_one_process(str(ranks.REPO / f"configs/{config}.yaml"), *sets)
-    got = train_on_ranks(world, f"configs/{config}.yaml", tmp_path, *sets)
-    assert_same_training(got, expected)
+class TestTrainingOnTwoRanksEqualsOneProcess:
+    """In one pool of two ranks: mpiexec starts once for all these cases."""
+
+    @pytest.mark.parametrize(
+        "sets",
+        [
+            ["train.steps=10", "parallel.schedule=gpipe"],
+            ["train.steps=10", "parallel.schedule=1f1b"],
+            ["train.steps=10", *DATA_PARALLEL],
+            # each stream of a group has its own communicator, so collectives running at
+            # once on two streams can't start in different orders
+            ["train.steps=5", *ONE_COLLECTIVE_A_STREAM],
+            ["train.steps=5", *ONE_COLLECTIVE_A_STREAM, "runtime.comm_reuse=-1"],
+        ],
+        ids=["pipeline-gpipe", "pipeline-1f1b", "data-parallel", "a-stream-per-collective", "comm-reuse"],
+    )
+    def test_it(self, pair, sets):
+        sets = [*sets, "model.dtype=float64"]
+        path = str(ranks.REPO / "configs/default.yaml")
+        status, got = pair.run(("train", path, sets))
+        assert status == "ok", got
+        assert_same_training(got, train_in_one_process(path, *sets))
+
+
+@pytest.mark.timeout(300)
+def test_training_2x2_on_four_ranks_launched_equals_one_process(tmp_path):
+    """Started as ``actorflow launch`` users start it, one mpiexec for the run."""
+    sets = ["train.steps=10", "model.dtype=float64"]
+    expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
+    assert_same_training(train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets), expected)
