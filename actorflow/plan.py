@@ -26,7 +26,7 @@ from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn
 
 from .errors import CompileError, PlanSerializationError
-from .plan_check import validate
+from .plan_check import transfers, validate
 
 Kernel = Callable[..., Any]
 
@@ -314,9 +314,10 @@ class Plan:
 def transfer_peers(plan: Plan) -> dict[int, Actor]:
     """Each send's receive and each receive's send (by actor id): the two halves of a
     register crossing ranks share a tag."""
-    halves = {(a.kind, a.attrs["tag"]): a for a in plan.actors if a.kind in ("send", "recv")}
-    other = {"send": "recv", "recv": "send"}
-    return {a.id: halves[(other[kind], tag)] for (kind, tag), a in halves.items()}
+    peers = {}
+    for send, recv in transfers(plan):
+        peers[send], peers[recv] = plan.actors[recv], plan.actors[send]
+    return peers
 
 
 def import_path(fn: Callable) -> str | None:

@@ -58,7 +58,8 @@ def unit_of(plan: Plan) -> dict[int, int]:
 
 
 def data_edges(plan: Plan) -> dict[int, set[int]]:
-    """Producer unit -> consumer units, over non-parameter registers."""
+    """Producer unit -> consumer units, over non-parameter registers, and each send ->
+    its receive (a register crossing ranks: one edge, though no register joins them)."""
     unit = unit_of(plan)
     edges: dict[int, set[int]] = {u: set() for u in unit.values()}
     for reg in plan.registers:
@@ -67,7 +68,17 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
         for c in reg.consumers:
             if unit[c.actor] != unit[reg.producer]:
                 edges[unit[reg.producer]].add(unit[c.actor])
+    for send, recv in transfers(plan):
+        edges[unit[send]].add(unit[recv])
     return edges
+
+
+def transfers(plan: Plan) -> list[tuple[int, int]]:
+    """(send, receive) actor ids of each register crossing ranks (one ``tag`` each)."""
+    halves: dict[tuple[str, Any], int] = {
+        (a.kind, a.attrs["tag"]): a.id for a in plan.actors if a.kind in ("send", "recv")
+    }
+    return [(a, halves[("recv", tag)]) for (kind, tag), a in halves.items() if kind == "send"]
 
 
 def call_edges(plan: Plan) -> dict:

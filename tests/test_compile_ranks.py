@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
 import graph_strategies as gs
+from actorflow import plan_check
 from actorflow.compiler.ranks import place_ranks
 from actorflow.world import launched
 from test_compiler import by_name, stream_name, two_device_graph
@@ -178,3 +180,24 @@ def check_implied_on_the_same_rank(plan: af.Plan, rank_of: dict[int, int]) -> No
             assert covered, (
                 f"{actor.name} reads {plan.registers[i.register].name} implied by no wait on its rank"
             )
+
+
+def test_a_dependency_through_another_rank_orders_the_collectives():
+    """all_reduce b reads what went from cpu:1 to cpu:0 and back after all_reduce a: b
+    depends on a only through two sends and their receives, and the collective order
+    must see it (every rank runs its collectives in that order; b first hangs). The plan
+    check refuses the order reversed."""
+    with af.Graph() as g:
+        x0 = af.placeholder("x0", (2, 2), "float64", "cpu:0")
+        x1 = af.placeholder("x1", (2, 2), "float64", "cpu:1")
+        a = af.ops.all_reduce([af.ops.relu(x0), af.ops.relu(x1)], name="a")
+        there = af.ops.tanh(af.ops.to_device(af.ops.relu(a[1]), "cpu:0"))
+        back = af.ops.to_device(there, "cpu:1")
+        b = af.ops.all_reduce([af.ops.tanh(x0), back], name="b")
+        af.output("y0", af.ops.add(a[0], b[0]))
+        af.output("y1", b[1])
+    plan = af.compile(g, ranks=[["cpu:0"], ["cpu:1"]])
+    assert [c.name for c in plan.collectives] == ["a", "b"]
+    reversed_order = attrs.evolve(plan, collectives=plan.collectives[::-1])
+    with pytest.raises(af.DeadlockError, match="collective order"):
+        plan_check.validate(reversed_order)

@@ -7,7 +7,8 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 
 from ..dag import Edges, topological_order
 from ..plan import Plan
-from ..plan_check import data_edges, unit_of
+from ..plan_check import data_edges
+from ..plan_check import unit_of as unit_of  # the passes take both from here
 
 
 def positions(plan: Plan) -> dict[int, int]:
@@ -23,16 +24,12 @@ def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:
     and it is consistent with every dependency, since a unit's producers all come
     before it.
     """
-    position = positions(plan)
-    unit = unit_of(plan)
+    edges = data_edges(plan)
+    position = {u: k for k, u in enumerate(topological_order(edges))}
     latest = dict.fromkeys(position, -1)
-    for reg in plan.registers:
-        if reg.is_parameter:
-            continue
-        for c in reg.consumers:
-            consumer, producer = unit[c.actor], unit[reg.producer]
-            if consumer != producer:
-                latest[consumer] = max(latest[consumer], position[producer])
+    for producer, consumers in edges.items():
+        for consumer in consumers:
+            latest[consumer] = max(latest[consumer], position[producer])
     return {u: (latest[u], position[u]) for u in position}
 
 
