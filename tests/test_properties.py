@@ -382,15 +382,71 @@ def check_order(plan: af.Plan, spans, n: int) -> Counter:
     return kinds
 
 
+HAND_OFFS = ("one thread", "two threads of a device", "two devices", "a collective")
+
+
+def hand_offs(plan: af.Plan, threads: dict[str, str]) -> Counter:
+    """Each data edge as the runtime hands it over (``HAND_OFFS``): a call on one thread
+    (same stream, or a small move run on its partner's thread), a message between two
+    stream threads of one device or of two devices, or into or out of a collective."""
+    device = {s.name: s.device for s in plan.streams}
+    kinds: Counter = Counter()
+    for reg, _, _, actor, _ in data_edges(plan):
+        producer = plan.actors[reg.producer]
+        sender, receiver = threads[producer.name], threads[actor.name]
+        if producer.group >= 0 or actor.group >= 0:
+            kinds["a collective"] += 1
+        elif sender == receiver:
+            kinds["one thread"] += 1
+        elif device[sender] == device[receiver]:
+            kinds["two threads of a device"] += 1
+        else:
+            kinds["two devices"] += 1
+    return kinds
+
+
 @settings(max_examples=30, **SETTINGS)
 @given(st.data())
 def test_no_consumer_starts_before_its_producer_ended(data):
     recipe, plan, feeds = draw_case(data, gs.recipes(sleepy=True, max_ops=12))
     n = len(feeds)
-    outs, _, spans = run_traced(plan, feeds)
+    with af.Session(plan, trace=True, stall_timeout=20) as s:
+        outs = s.run(live(plan, feeds))
+        spans = s.recorder.kernels()
+        threads = s.threads()
     check_outputs(recipe, feeds, outs)
     for kind in check_order(plan, spans, n):
         event(f"cross-stream edges with sync {kind}")
+    for kind in hand_offs(plan, threads):
+        event(f"hand-off: {kind}")
+
+
+def test_every_kind_of_hand_off_orders_and_delivers():
+    """One graph with every hand-off of ``HAND_OFFS``: a feed and a small copy run on
+    their partner's thread, a 2 MiB copy keeps cpu:1's copy stream (a message from
+    cpu:0's compute thread, then one to cpu:1's), an all-reduce's stream. Sleepy kernels
+    shuffle the timing; every consumer starts after its producer ended and the results
+    are numpy's."""
+    big = (512, 512)
+    with af.Graph() as g:
+        x = af.placeholder("x", big, "float64", "cpu:0")
+        h = af.ops.call(userfns.sleepy, af.ops.relu(x), shape=big, dtype="float64")
+        far = af.ops.tanh(af.ops.to_device(h, "cpu:1"))
+        near = af.ops.to_device(af.ops.slice(h, [0, 0], [2, 2]), "cpu:1")
+        s = af.ops.all_reduce([af.ops.slice(h, [0, 0], [2, 2]), af.ops.slice(far, [0, 0], [2, 2])])
+        af.output("y", af.ops.add(af.ops.add(s[1], near), af.ops.slice(far, [0, 0], [2, 2])))
+    plan = af.compile(g, quota=2)
+    n = 4
+    feeds = [{"x": np.full(big, (i - 1.5) / 2)} for i in range(n)]
+    with af.Session(plan, trace=True, stall_timeout=20) as session:
+        outs = session.run(feeds)
+        spans = session.recorder.kernels()
+        threads = session.threads()
+    assert set(hand_offs(plan, threads)) == set(HAND_OFFS), threads
+    check_order(plan, spans, n)
+    for f, out in zip(feeds, outs):
+        v = np.maximum(f["x"][:2, :2], 0)
+        np.testing.assert_allclose(out["y"], v + 2 * np.tanh(v) + v, rtol=1e-12)
 
 
 def test_every_input_of_a_kernel_is_waited_for():

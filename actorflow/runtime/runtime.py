@@ -617,6 +617,11 @@ class Runtime:
         }
         return assemble(self.plan.logical, "parameter", values)
 
+    def threads(self) -> dict[str, str]:
+        """Per actor (by name), the stream thread that runs it: its own stream's, or for a
+        small move within the process its partner's (see ``_host_moves``)."""
+        return {m.actor.name: m.unit.driver.name for m in self._members.values()}
+
     def register_stats(self) -> dict[str, dict[str, int]]:
         """Per register: its quota and the most buffers held at once (taken, not yet freed)."""
         stats = {}

@@ -119,6 +119,10 @@ class Session:
     def register_stats(self) -> dict[str, dict[str, int]]:
         return self._call(self._runtime.register_stats)
 
+    def threads(self) -> dict[str, str]:
+        """Per actor, the stream thread that runs it (see ``Runtime.threads``)."""
+        return self._runtime.threads()
+
     @property
     def rank(self) -> int:
         """This process's rank in the plan's run (0 in one process)."""
