@@ -41,10 +41,10 @@ def test_cannot_act_without_acts_left():
 def test_cannot_act_until_every_input_is_ready():
     s = make(n_inputs=2)
     assert not s.can_act()
-    s.on_ready(0, 0, "ev0")
+    s.on_ready(0, 0)
     assert not s.can_act()
     assert s.lacking() == ([1], [])
-    s.on_ready(1, 1, "ev1")
+    s.on_ready(1, 1)
     assert s.can_act()
     assert s.lacking() == ([], [])
 
@@ -63,9 +63,9 @@ def test_sink_actor_with_no_outputs_acts_once_per_ready_input():
     s = ActorState(1, [], [])
     s.acts_left = 3
     assert not s.can_act()
-    s.on_ready(0, 0, None)
+    s.on_ready(0, 0)
     assert s.can_act()
-    assert s.take() == (0, [(0, None)], [])
+    assert s.take() == (0, [0], [])
     assert not s.can_act()
     assert s.lacking() == ([0], [])
 
@@ -75,17 +75,17 @@ def test_sink_actor_with_no_outputs_acts_once_per_ready_input():
 
 def test_take_consumes_one_ready_register_per_input_in_fifo_order():
     s = make(n_inputs=2, quotas=(4,), consumers=(1,))
-    s.on_ready(0, 0, "a0")
-    s.on_ready(0, 1, "a1")
-    s.on_ready(1, 3, "b3")
-    s.on_ready(1, 2, "b2")
+    s.on_ready(0, 0)
+    s.on_ready(0, 1)
+    s.on_ready(1, 3)
+    s.on_ready(1, 2)
     it, ins, outs = s.take()
     assert it == 0
-    assert ins == [(0, "a0"), (3, "b3")]
+    assert ins == [0, 3]
     assert outs == [0]
     it, ins, outs = s.take()
     assert it == 1
-    assert ins == [(1, "a1"), (2, "b2")]
+    assert ins == [1, 2]
     assert outs == [1]
     assert not s.can_act()
     assert s.lacking() == ([0, 1], [])
@@ -226,10 +226,10 @@ def test_max_held_never_exceeds_the_quota():
 
 def test_lacking_names_missing_inputs_and_outputs_by_index():
     s = make(n_inputs=3, quotas=(1, 1, 2), consumers=(1, 1, 1))
-    s.on_ready(1, 0, None)
+    s.on_ready(1, 0)
     assert s.lacking() == ([0, 2], [])
     for slot in (0, 1, 2):
-        s.on_ready(slot, 0, None)
+        s.on_ready(slot, 0)
     s.take()  # input 1 had two ready registers; outputs 0 and 1 are now out of credit
     assert s.lacking() == ([0, 2], [0, 1])
 
@@ -259,28 +259,28 @@ def periodic(period: int, quota: int = 2, consumers: int = 1, acts: int = 20) ->
 
 def test_a_held_register_serves_hold_acts_and_is_released_after_the_last():
     s = held(3)
-    s.on_ready(0, 5, "e5")
-    s.on_ready(0, 6, "e6")
+    s.on_ready(0, 5)
+    s.on_ready(0, 6)
     seen = []
     for _ in range(6):
         it, ins, _ = s.take()
         seen.append((ins, s.releases(0, it)))
     assert seen == [
-        ([(5, "e5")], False),
-        ([(5, "e5")], False),
-        ([(5, "e5")], True),
-        ([(6, "e6")], False),
-        ([(6, "e6")], False),
-        ([(6, "e6")], True),
+        ([5], False),
+        ([5], False),
+        ([5], True),
+        ([6], False),
+        ([6], False),
+        ([6], True),
     ]
-    assert s.current_in == [(6, "e6")]
+    assert s.current_in == [6]
 
 
 def test_a_held_input_needs_a_ready_register_only_at_the_first_act_of_a_hold():
     s = held(2)
     assert not s.can_act()
     assert s.lacking() == ([0], [])
-    s.on_ready(0, 0, None)
+    s.on_ready(0, 0)
     s.take()
     assert s.ready[0] == deque()
     assert s.can_act()  # act 1 still uses register 0
@@ -300,10 +300,10 @@ def test_a_held_input_beside_a_plain_one_takes_each_at_its_own_rate():
     s = ActorState(2, [4], [0], holds=[1, 3])
     s.acts_left = 3
     for k in range(3):
-        s.on_ready(0, k, f"a{k}")
-    s.on_ready(1, 9, "w")
+        s.on_ready(0, k)
+    s.on_ready(1, 9)
     got = [s.take()[1] for _ in range(3)]
-    assert got == [[(0, "a0"), (9, "w")], [(1, "a1"), (9, "w")], [(2, "a2"), (9, "w")]]
+    assert got == [[0, 9], [1, 9], [2, 9]]
     assert [[s.releases(k, n) for k in (0, 1)] for n in range(3)] == [
         [True, False],
         [True, False],
@@ -445,9 +445,9 @@ class ActorStateMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def input_ready(self, data):
         slot = data.draw(st.integers(0, len(self.model.holds) - 1))
-        register = (self.next_register, ("event", self.next_register))
+        register = self.next_register
         self.next_register += 1
-        self.state.on_ready(slot, *register)
+        self.state.on_ready(slot, register)
         self.model.queues[slot].append(register)
 
     @rule()

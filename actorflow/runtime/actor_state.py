@@ -1,7 +1,7 @@
 """One actor's flow-control state, as a sans-IO state machine: plain method calls, no trio,
 no threads, so it is testable on its own.
 
-Per input: a queue of ready registers (buffer index and the event to wait on). Per
+Per input: a queue of ready registers (buffer indices). Per
 output: a pool of free buffers (the credits) and, for buffers in use, how many consumers
 have yet to free them. An actor may act when every input has a ready register, every
 output has a credit, and it still has acts to do this run.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 
 class ActorState:
@@ -52,7 +51,7 @@ class ActorState:
         periods: Sequence[int] | None = None,
         call_consumers: Sequence[Sequence[int]] | None = None,
     ) -> None:
-        self.ready: list[deque[tuple[int, Any]]] = [deque() for _ in range(n_inputs)]
+        self.ready: list[deque[int]] = [deque() for _ in range(n_inputs)]
         self.free: list[deque[int]] = [deque(range(q)) for q in quotas]
         self.pending: list[list[int]] = [[0] * q for q in quotas]
         self.consumers = list(consumers)
@@ -67,7 +66,7 @@ class ActorState:
         self.uniform = (
             self.calls == 1 and all(h == 1 for h in self.holds) and all(p == 1 for p in self.periods)
         )
-        self.current_in: list[tuple[int, Any] | None] = [None] * n_inputs
+        self.current_in: list[int | None] = [None] * n_inputs
         self.current_out = [0] * len(quotas)
 
     def can_act(self) -> bool:
@@ -82,11 +81,11 @@ class ActorState:
             pool or n % p for pool, p in zip(self.free, self.periods)
         )
 
-    def take(self) -> tuple[int, list[tuple[int, Any] | None], list[int]]:
+    def take(self) -> tuple[int, list[int | None], list[int]]:
         """Consume one ready register per input and one credit per output (or keep using
         the held ones, see the module's docstring).
 
-        Returns (iteration, [(buffer, event) per input], [buffer per output]); a reused
+        Returns (iteration, [buffer per input], [buffer per output]); a reused
         subgraph's act takes only its call's input, the others are None. An output
         nobody consumes gets its credit back at once: the next write to it comes later on
         the same stream.
@@ -94,7 +93,7 @@ class ActorState:
         iteration = self.iteration
         self.iteration += 1
         self.acts_left -= 1
-        ins: list[tuple[int, Any] | None]
+        ins: list[int | None]
         if self.uniform:
             ins = [q.popleft() for q in self.ready]
         elif self.calls > 1:
@@ -138,8 +137,8 @@ class ActorState:
         """Whether act ``iteration`` hands output ``out``'s buffer to its consumers."""
         return iteration % self.periods[out] == self.periods[out] - 1
 
-    def on_ready(self, slot: int, index: int, event: Any) -> None:
-        self.ready[slot].append((index, event))
+    def on_ready(self, slot: int, index: int) -> None:
+        self.ready[slot].append(index)
 
     def on_free(self, out: int, index: int) -> bool:
         """A consumer is done with buffer ``index`` of output ``out``; True if it is free again."""

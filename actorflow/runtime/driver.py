@@ -200,7 +200,7 @@ class Driver:
         kind = message[0]
         if kind is READY:
             _, member, slot, index = message
-            member.state.on_ready(slot, index, None)
+            member.state.on_ready(slot, index)
             self._dirty(member.unit)
         elif kind is FREE:
             _, member, out, index = message
@@ -260,10 +260,9 @@ class Driver:
                 if param is not None:
                     ins.append(param)
                     continue
-                register = ready[spec.slot]
-                if register is None:  # another call's input (a reused subgraph)
+                index = ready[spec.slot]
+                if index is None:  # another call's input (a reused subgraph)
                     continue
-                index = register[0]
                 if not spec.control:
                     ins.append(spec.buffers[index])
                 if every_act or state.releases(spec.slot, iteration):
@@ -294,7 +293,7 @@ class Driver:
     def _send_ready(self, consumer: Member, slot: int, index: int) -> None:
         driver = consumer.unit.driver
         if driver is self:
-            consumer.state.on_ready(slot, index, None)
+            consumer.state.on_ready(slot, index)
             self._dirty(consumer.unit)
         else:
             driver.post((READY, consumer, slot, index))

@@ -151,10 +151,10 @@ class _Chain:
         held = {i for i, n in enumerate(member.state.pending[out]) if n}
         for consumer, slot in member.outputs[out].consumers:
             state = consumer.state
-            if any(i in held for i, _ in state.ready[slot]):
+            if any(i in held for i in state.ready[slot]):
                 return consumer, _Look.WAIT
             current = state.current_in[slot]
-            if state.iteration % state.holds[slot] and current is not None and current[0] in held:
+            if state.iteration % state.holds[slot] and current is not None and current in held:
                 return consumer, _Look.WAIT
             executor = consumer.unit.driver.executor
             if executor.done < executor.submitted:
