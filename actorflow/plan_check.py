@@ -57,9 +57,10 @@ def unit_of(plan: Plan) -> dict[int, int]:
     return unit
 
 
-def data_edges(plan: Plan) -> dict[int, set[int]]:
+def data_edges(plan: Plan, across_ranks: bool = True) -> dict[int, set[int]]:
     """Producer unit -> consumer units, over non-parameter registers, and each send ->
-    its receive (a register crossing ranks: one edge, though no register joins them)."""
+    its receive (a register crossing ranks: one edge, though no register joins them),
+    unless not ``across_ranks``."""
     unit = unit_of(plan)
     edges: dict[int, set[int]] = {u: set() for u in unit.values()}
     for reg in plan.registers:
@@ -68,7 +69,7 @@ def data_edges(plan: Plan) -> dict[int, set[int]]:
         for c in reg.consumers:
             if unit[c.actor] != unit[reg.producer]:
                 edges[unit[reg.producer]].add(unit[c.actor])
-    for send, recv in transfers(plan):
+    for send, recv in transfers(plan) if across_ranks else ():
         edges[unit[send]].add(unit[recv])
     return edges
 

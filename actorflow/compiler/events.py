@@ -45,7 +45,7 @@ implied costs a wait that is over at once, never a wrong order), so the pass sta
 
 def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
-    edges = data_edges(plan)
+    edges = data_edges(plan, across_ranks=False)  # a wait implies others on its own rank only
     position = {u: k for k, u in enumerate(topological_order(edges))}
     reused = {unit[a.id] for a in plan.actors if a.calls > 1}
     if reused:  # a path through a reused subgraph may pass through a later call: it implies nothing
