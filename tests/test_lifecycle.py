@@ -104,7 +104,7 @@ def test_a_small_move_does_not_wait_behind_a_long_kernel():
     with af.Graph() as g:
         x = af.placeholder("x", (2,), "float64", "cpu:0")
         y = af.ops.call(userfns.identity, x, shape=(2,), dtype="float64", name="short")
-        z = af.ops.call(userfns.slow_half, y, shape=(2,), dtype="float64", name="long")
+        z = af.ops.call(userfns.slow, y, shape=(2,), dtype="float64", name="long")
         af.output("z", z)
     plan = af.compile(g, quota=1)
     with af.Session(plan, trace=True) as s:

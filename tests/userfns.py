@@ -84,8 +84,9 @@ def fail_with_cause(a):
         raise ValueError("the effect") from e
 
 
-def slow_half(a):
-    time.sleep(0.5)
+def slow(a):
+    """Identity after 50 ms: a kernel much longer than the runtime's hand-offs."""
+    time.sleep(0.05)
     return a
 
 
