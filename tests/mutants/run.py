@@ -61,24 +61,19 @@ MUTANTS = [
     ),
     Mutant(
         "free-at-launch",
-        "a consumer on another stream frees its input at launch, not when its kernel ended",
+        "a consumer frees its input when it launches, before its kernel has read it",
         "actorflow/runtime/driver.py",
-        "                if spec.same_stream:\n                    self._send_free(",
-        "                if True:\n                    self._send_free(",
+        "                if every_act or state.releases(spec.slot, iteration):\n"
+        "                    frees.append((spec.producer, spec.out, index))",
+        "                if every_act or state.releases(spec.slot, iteration):\n"
+        "                    self._send_free(spec.producer, spec.out, index)",
     ),
     Mutant(
-        "event-wait-dropped",
-        "a consumer on another stream does not wait for its producer's event",
+        "run-ends-early",
+        "a stream tells the runtime it is done one act before its last",
         "actorflow/runtime/driver.py",
-        "                if spec.event:\n                    waits.append(event)",
-        "                if False:\n                    waits.append(event)",
-    ),
-    Mutant(
-        "ready-at-launch",
-        "a producer says 'ready' at launch to consumers that should hear it at completion",
-        "actorflow/runtime/driver.py",
-        "                    if early:\n                        self._send_ready(",
-        "                    if True:\n                        self._send_ready(",
+        "        if self.owed == 0:",
+        "        if self.owed <= 1:",
     ),
 ]
 
