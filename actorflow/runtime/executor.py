@@ -1,9 +1,8 @@
 """How a stream runs the kernels its driver launches, like a CUDA stream.
 
 ``StreamExecutor``: kernels run in order on the stream's own thread, the thread that runs
-its driver's message loop (``driver``), so launching a kernel is calling it. A count of
-finished kernels is the stream's timeline: "kernel ``seq`` has finished" is an event,
-and another thread may wait for one (``wait_until``).
+its driver's message loop (``driver``), so launching a kernel is calling it. It counts
+the kernels launched and finished, and knows the one running, for the stall report.
 
 ``Fence`` holds streams while one kernel of another runs: with overlap off, a
 collective's compute streams stop while it runs, as if they were one stream.
@@ -32,9 +31,6 @@ class StreamExecutor:
         self.name = name
         self._on_done = on_done
         self._clock = time.perf_counter if timed else _no_clock
-        self._cond = threading.Condition()
-        self._waiters = 0
-        self.closed = False
         self.submitted = 0
         self.done = 0
         self.running: Any = None
@@ -51,27 +47,10 @@ class StreamExecutor:
         end = self._clock()
         self.running = None
         self.done = self.submitted
-        if self._waiters:
-            with self._cond:
-                self._cond.notify_all()
         self._on_done((ctx, result, start, end, ok))
 
-    def wait_until(self, seq: int) -> bool:
-        """Block another thread until kernel ``seq`` finished; False if closed first."""
-        with self._cond:
-            self._waiters += 1
-            try:
-                while self.done < seq and not self.closed:
-                    self._cond.wait()
-            finally:
-                self._waiters -= 1
-            return self.done >= seq
-
     def close(self) -> None:
-        """Wake every thread waiting on this stream; the kernel in progress ends on its own."""
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
+        """Nothing to stop: the kernel in progress ends on its own, and none follows."""
 
 
 class Fence:
