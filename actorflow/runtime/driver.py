@@ -100,6 +100,7 @@ class Unit:
         "fetch",
         "fences",
         "can_act",
+        "queued",
     )
 
     driver: Driver
@@ -114,6 +115,7 @@ class Unit:
         self.feed: str | None = None
         self.fetch: str | None = None
         self.fences: list[Driver] = []
+        self.queued = False  # in its driver's queue of units to try
         for m in members:
             m.unit = self
         self.can_act = members[0].state.can_act if len(members) == 1 else self._all_can_act
@@ -156,8 +158,7 @@ class Driver:
         self.closed = False
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
-        self._heap: list[tuple[int, int]] = []
-        self._queued: set[int] = set()
+        self._heap: list[tuple[int, int, Unit]] = []
         for unit in units:
             unit.driver = self
 
@@ -192,9 +193,9 @@ class Driver:
             self.runtime.fail_soon(exc)
 
     def _dirty(self, unit: Unit) -> None:
-        if unit.id not in self._queued:
-            self._queued.add(unit.id)
-            heapq.heappush(self._heap, (unit.priority, unit.id))
+        if not unit.queued:
+            unit.queued = True
+            heapq.heappush(self._heap, (unit.priority, unit.id, unit))
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]
@@ -221,11 +222,10 @@ class Driver:
     def _launch_ready(self) -> None:
         """Launch units in priority order until none can act, or news came (it may ready
         a unit that goes first)."""
-        heap, units, log, inbox = self._heap, self.runtime.units, self.runtime.actor_log, self.inbox
+        heap, log, inbox = self._heap, self.runtime.actor_log, self.inbox
         while heap and not self.closed:
-            _, uid = heapq.heappop(heap)
-            self._queued.discard(uid)
-            unit = units[uid]
+            unit = heapq.heappop(heap)[2]
+            unit.queued = False
             if self.ordered and unit is not self.units[self.cursor]:
                 if log is not None:
                     log.turn(self.name, unit, self.units[self.cursor])
