@@ -132,7 +132,8 @@ class Driver:
     """``ordered``: launch units strictly in list order, round after round (collective
     stream); ``transport``: the stream is the rank's communication stream, whose kernels
     the transport runs, completing in any order. ``start`` starts the stream's thread;
-    ``post`` is safe from any thread; everything else runs on the stream's thread."""
+    ``post`` and ``close`` are safe from any thread; everything else runs on the
+    stream's thread."""
 
     def __init__(
         self,
