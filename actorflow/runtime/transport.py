@@ -8,13 +8,11 @@ back-off that doubles while nothing happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``)
 cut short by new work. MPICH busy-polls inside blocking calls: a thread blocked in one
 would take one of the cores the streams need, even while it only waits for a peer.
 But MPI moves a large message only while someone polls it, so after starting a
-collective the thread polls without sleeping for as long as the data could take to move
-(``SPIN_BASE`` plus its bytes at ``SPIN_BANDWIDTH``). A send is polled so too, for its
-bytes' time (its receive is usually posted already). While any request someone waits
-for is in flight (a collective, a send, a posted receive), it backs off no further than
-``MOVING_BACKOFF``: a rank that came early waits for the others, they need its polls to
-move the data, and a receive's consumer waits for the message (at ``MAX_BACKOFF`` a hop
-between ranks took 0.3-0.4 ms on average).
+collective the thread polls without sleeping for as long as the data could take to
+move (``SPIN_BASE`` plus its bytes at ``SPIN_BANDWIDTH``), then backs off no further than
+``MOVING_BACKOFF`` while it is in flight (a rank that came early waits for the others,
+and they need its polls to move the data). A send is polled so too, for its bytes'
+time (its receive is usually posted already).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go to the stream's driver as messages), and collectives
@@ -185,7 +183,8 @@ class Transport:
 
     def _loop(self) -> None:
         MPI = self.MPI
-        live: list[tuple[Any, Done | None]] = []  # request, callback (None: a control message)
+        live: list[tuple[Any, Done | None, bool]] = []  # request, callback, data moving
+        moving = 0
         notice = bytearray(NOTICE_BYTES)
         status = MPI.Status()
         listen = self.control.Irecv(notice, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
@@ -206,6 +205,7 @@ class Transport:
                     start, done, spin = item
                     if spin:
                         spin_until = max(spin_until, time.monotonic() + spin)
+                        moving += 1
                     try:
                         started = start()
                     except Exception as exc:  # noqa: BLE001 - the caller hears of it
@@ -214,7 +214,7 @@ class Transport:
                         done(exc)
                         continue
                     for request in started if isinstance(started, list) else [started]:
-                        live.append((request, done))
+                        live.append((request, done, bool(spin)))
                 if live:
                     finished = MPI.Request.Testsome([x[0] for x in live]) or []
                     if finished:
@@ -224,6 +224,7 @@ class Transport:
                             done = live[k][1]
                             if done is not None:
                                 done(None)
+                            moving -= live[k][2]
                         live = [x for k, x in enumerate(live) if k not in finished_set]
                 now = time.monotonic()
                 if now >= next_control:
@@ -233,7 +234,7 @@ class Transport:
                         beats = (
                             self.control.Isend(b"", dest=p, tag=BEAT) for p in self.peers if p not in left
                         )
-                        live.extend((beat, None) for beat in beats)
+                        live.extend((beat, None, False) for beat in beats)
                         next_beat = now + HEARTBEAT
                     for peer in self.peers:
                         if peer not in left and now - heard[peer] > LOST_AFTER:
@@ -247,8 +248,7 @@ class Transport:
                 if live and now < spin_until:
                     time.sleep(0)
                     continue
-                waited_for = any(done is not None for _, done in live)  # data in flight, or awaited
-                most = MOVING_BACKOFF if waited_for else MAX_BACKOFF
+                most = MOVING_BACKOFF if moving else MAX_BACKOFF
                 backoff = MIN_BACKOFF if busy else min(2 * backoff, most)
                 try:
                     carried.append(self._queue.get(timeout=backoff))
