@@ -34,7 +34,7 @@ class Across:
         MPI = self.transport.MPI
         reduce = MPI.MAX if op == "max" else MPI.SUM
         send = MPI.IN_PLACE if source is None else source
-        self.transport.call(lambda: self.comm.Iallreduce(send, acc, op=reduce), acc.nbytes)
+        self.transport.call(lambda: self.comm.Iallreduce(send, acc, op=reduce))
 
 
 def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
@@ -117,8 +117,7 @@ class _Gathering:
         self.transport.call(
             lambda: self.comm.Iallgatherv(
                 self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE]
-            ),
-            self.recvbuf.nbytes,
+            )
         )
         all_ins: list = []
         all_outs: list = []

@@ -7,12 +7,15 @@ the requests in flight and runs the callbacks of those that completed, then slee
 back-off that doubles while nothing happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``) and is
 cut short by new work. MPICH busy-polls inside blocking calls: a thread blocked in one
 would take one of the cores the streams need, even while it only waits for a peer.
-But MPI moves a large message only while someone polls it, so after starting a
-collective the thread polls without sleeping for as long as the data could take to
-move (``SPIN_BASE`` plus its bytes at ``SPIN_BANDWIDTH``), then backs off no further than
-``MOVING_BACKOFF`` while it is in flight (a rank that came early waits for the others,
-and they need its polls to move the data). A send is polled so too, for its bytes'
-time (its receive is usually posted already).
+But MPI moves a large message only while someone polls it, so while a collective or a
+send is in flight the thread backs off no further than ``MOVING_BACKOFF`` (a rank that
+came early waits for the others, and they need its polls to move the data). It does not
+spin: polling without sleeping for as long as a collective's data could take to move
+made its bandwidth up to twice the back-off's, alone, but took the GIL from the rank's
+compute thread so often that data-parallel training on 2 ranks ran 1.56x of one device
+instead of 1.73x (``benchmarks/ranks.py`` (a) and (c)). A posted receive alone lets it
+back off to ``MAX_BACKOFF``: polling for it every 100 µs cost that training more than
+it saved a hop.
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go to the stream's driver as messages), and collectives
@@ -51,8 +54,6 @@ from .executor import Completion
 
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
-SPIN_BASE = 200e-6
-SPIN_BANDWIDTH = 1e9
 MOVING_BACKOFF = 100e-6
 CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
@@ -135,15 +136,15 @@ class Transport:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, start: Callable[[], Any], done: Done | None, spin: float = 0.0) -> None:
+    def submit(self, start: Callable[[], Any], done: Done | None, moving: bool = False) -> None:
         """Run ``start()`` (which returns an MPI request) on the transport thread, then
-        ``done(error or None)`` there once the request completed; ``spin``: seconds to
-        poll it without sleeping."""
-        self._queue.put((start, done, spin))
+        ``done(error or None)`` there once the request completed; ``moving``: it moves
+        data only while polled (a collective, a send), so poll it at least every
+        ``MOVING_BACKOFF``."""
+        self._queue.put((start, done, moving))
 
-    def call(self, start: Callable[[], Any], nbytes: int) -> None:
-        """Run a collective of ``nbytes`` and wait for it, off MPI, on the calling (stream)
-        thread."""
+    def call(self, start: Callable[[], Any]) -> None:
+        """Run a collective and wait for it, off MPI, on the calling (stream) thread."""
         finished = threading.Event()
         errors: list[BaseException | None] = []
 
@@ -151,7 +152,7 @@ class Transport:
             errors.append(error)
             finished.set()
 
-        self.submit(start, done, SPIN_BASE + nbytes / SPIN_BANDWIDTH)
+        self.submit(start, done, moving=True)
         while not finished.wait(0.2):
             if self._closed:
                 raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
@@ -191,7 +192,6 @@ class Transport:
         heard = dict.fromkeys(self.peers, time.monotonic())
         left: set[int] = set()
         next_beat = next_control = 0.0
-        spin_until = 0.0
         backoff = MIN_BACKOFF
         carried: list = []
         try:
@@ -202,10 +202,8 @@ class Transport:
                         self._leave(live, listen)
                         return
                     busy = True
-                    start, done, spin = item
-                    if spin:
-                        spin_until = max(spin_until, time.monotonic() + spin)
-                        moving += 1
+                    start, done, moves = item
+                    moving += moves
                     try:
                         started = start()
                     except Exception as exc:  # noqa: BLE001 - the caller hears of it
@@ -214,7 +212,7 @@ class Transport:
                         done(exc)
                         continue
                     for request in started if isinstance(started, list) else [started]:
-                        live.append((request, done, bool(spin)))
+                        live.append((request, done, moves))
                 if live:
                     finished = MPI.Request.Testsome([x[0] for x in live]) or []
                     if finished:
@@ -245,9 +243,6 @@ class Transport:
                                 )
                             )
                             left.add(peer)
-                if live and now < spin_until:
-                    time.sleep(0)
-                    continue
                 most = MOVING_BACKOFF if moving else MAX_BACKOFF
                 backoff = MIN_BACKOFF if busy else min(2 * backoff, most)
                 try:
@@ -283,7 +278,7 @@ class Transport:
     def _leave(self, live: list, listen: Any) -> None:
         """Say goodbye (unless failed), give what is in flight a moment, and stop listening."""
         if not self._failed:
-            live.extend((self.control.Isend(b"", dest=p, tag=BYE), None) for p in self.peers)
+            live.extend((self.control.Isend(b"", dest=p, tag=BYE), None, False) for p in self.peers)
         deadline = time.monotonic() + LEAVE_WAIT
         pending = [x[0] for x in live]
         while pending and time.monotonic() < deadline and not self.MPI.Request.Testall(pending):
@@ -314,8 +309,8 @@ class CommExecutor:
             self.done += 1
             self._on_done((ctx, error, began, time.perf_counter(), error is None))
 
-        spin = sum(x.nbytes for x in ins) / SPIN_BANDWIDTH  # a send's data, as for a collective
-        self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, spin)
+        sends = bool(ins)  # a send has its data to move; a receive waits for it
+        self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, moving=sends)
 
     def close(self) -> None:
         self._transport.close()
