@@ -2,9 +2,10 @@
 
 It allocates every register buffer once, starts one thread per stream, which runs that
 stream's driver (its actors' message loop) and kernels, and then serves ``run`` calls:
-trio only starts a run, waits for its end, and hears of failures. Any failure (a kernel's exception, a stall, a
-cancelled run) stops the streams and is re-raised from ``run`` as the original exception,
-with a note naming the actor, stream and iteration; the Runtime can't run again after it.
+trio only starts a run, waits for its end, and hears of failures. Any failure (a
+kernel's exception, a stall, a cancelled run) stops the streams and is re-raised from
+``run`` as the original exception, with a note naming the actor, stream and iteration;
+the Runtime can't run again after it.
 A kernel that never returns can't be stopped: its thread is left behind, with a warning.
 
 A Plan over several ranks (``Plan.world``) runs one Runtime per rank, each on its own
