@@ -73,8 +73,8 @@ def test_measured_pipeline_stays_within_the_schedule(schedule, layout):
     result = train(config)
     p, m = len(config.parallel.stages), config.parallel.micro_batches
     assert result.theory == pytest.approx((p - 1) / (m + p - 1))
-    assert len(result.bubbles) == len(result.peak_activations) == p
-    assert all(0.0 <= b <= 1.0 for b in result.bubbles), result.bubbles
+    assert len(result.bubbles) == len(result.peak_activations) == len(result.balanced) == p
+    assert all(0.0 <= b <= 1.0 for b in result.bubbles + result.balanced), (result.bubbles, result.balanced)
     for s, peak in enumerate(result.peak_activations):
         bound = m if schedule == "gpipe" else p - s
         assert 1 <= peak <= bound, (s, peak, bound)

@@ -9,6 +9,7 @@ import pytest
 
 from actorflow.trace import WAIT, Recorder, summarize
 from actorflow.trace.cli import add_commands, run
+from actorflow.trace.metrics import balanced_bubbles
 from actorflow.trace.parse import parse
 from actorflow.trace.recorder import stream_kind
 
@@ -332,3 +333,16 @@ def test_a_groups_further_collective_streams_count_as_collective_streams():
     span(rec, "cpu:0/copy", "c", 0, 1, category="copy")
     order = [t.thread for t in parse(rec.to_chrome()).tracks]
     assert order.index("cpu:0/copy") < order.index("rank0/collective1")  # copies sort first
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 4, 8])
+def test_balanced_bubbles_of_even_stages_are_the_theory(p, m):
+    assert balanced_bubbles([3.0] * p, m) == pytest.approx([(p - 1) / (m + p - 1)] * p)
+
+
+def test_balanced_bubbles_of_uneven_stages():
+    """Stage times 2 and 1 per micro-batch, m = 4: a step lasts 2 + 1 + 3 * 2 = 9, of which
+    stage 0 computes 8 and stage 1 computes 4."""
+    assert balanced_bubbles([8.0, 4.0], 4) == pytest.approx([1 / 9, 5 / 9])
+    assert balanced_bubbles([0.0, 0.0], 4) == [0.0, 0.0]

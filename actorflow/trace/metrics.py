@@ -20,7 +20,8 @@ Definitions (a *kernel* is any complete event whose category is neither ``"wait"
   ``bubble`` is the mean over stages; ``window_s`` the length of the windows' union
   (over ranks, one rank may start a step before another has finished the last, and
   time two windows share counts once). The time between steps (the host's
-  turn-around) is in no window.
+  turn-around) is in no window. ``balanced_bubbles``: what the bubbles would be with
+  the stages' measured busy times and no time between kernels.
 - **critical path**: the longest chain of kernels where each step is a flow edge
   (producer -> consumer) or same-stream order (a kernel -> the stream's next kernel). A
   chain's length is its kernels' durations plus the gaps between consecutive steps
@@ -181,6 +182,19 @@ def summarize_parsed(trace: Trace, stages: Sequence[str] | None = None) -> Trace
         bubble=sum(b.bubble for b in bubbles) / len(bubbles) if bubbles else None,
         critical_path=critical_path(trace),
     )
+
+
+def balanced_bubbles(busy: Sequence[float], micro_batches: int) -> list[float]:
+    """The bubble of each stage of a pipeline whose stages compute for ``busy`` (any unit,
+    per step) and spend no time between kernels: a step of m identical micro-batches
+    through stages taking t_s each (busy / m) lasts sum t_s + (m - 1) max t_s (a flow
+    shop's makespan), of which stage s computes m t_s. Even stage times give
+    (p-1)/(m+p-1); uneven ones more, for all but the slowest stage. The measured bubble
+    above it is what the runtime adds (hand-offs, queueing, waits)."""
+    m = micro_batches
+    times = [b / m for b in busy]
+    window = sum(times) + (m - 1) * max(times, default=0.0)
+    return [1.0 - m * t / window if window > 0 else 0.0 for t in times]
 
 
 def critical_path(trace: Trace) -> CriticalPath:

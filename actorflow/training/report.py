@@ -19,7 +19,18 @@ def table(config: Config, result: RunResult) -> str:
         f"{parallel.micro_batches} micro-batches, {parallel.schedule}",
         "",
     ]
-    rows = [("stage", "devices", "layers", "bubble", "theory (p-1)/(m+p-1)", "peak activations", "quota")]
+    rows = [
+        (
+            "stage",
+            "devices",
+            "layers",
+            "bubble",
+            "theory (p-1)/(m+p-1)",
+            "at these stage times",
+            "peak activations",
+            "quota",
+        )
+    ]
     for s, devices in enumerate(parallel.stages):
         rows.append(
             (
@@ -28,6 +39,7 @@ def table(config: Config, result: RunResult) -> str:
                 str(config.stage_layers[s]),
                 f"{result.bubbles[s]:.3f}",
                 f"{result.theory:.3f}",
+                f"{result.balanced[s]:.3f}" if result.balanced else "-",
                 str(result.peak_activations[s]),
                 str(result.activation_quotas[s]),
             )
@@ -36,6 +48,10 @@ def table(config: Config, result: RunResult) -> str:
     lines.append(
         f"critical path: {result.handoff_share:.0%} between kernels (host hand-offs, event waits, "
         "queueing), the rest in kernels"
+    )
+    lines.append(
+        "at these stage times: the bubble with each stage's measured kernel time and no time "
+        "between kernels (uneven stages raise it above the theory)"
     )
     if result.bubble_steps < config.train.steps:
         lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")
@@ -59,6 +75,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
                 "layers": config.stage_layers[s],
                 "bubble": result.bubbles[s],
                 "bubble_theory": result.theory,
+                "bubble_at_stage_times": result.balanced[s] if result.balanced else None,
                 "peak_activations": result.peak_activations[s],
             }
             for s, devices in enumerate(config.parallel.stages)

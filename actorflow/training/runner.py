@@ -16,7 +16,7 @@ from ..runtime import Session
 from ..runtime.logical import assemble
 from ..runtime.transport import gather
 from ..trace.merge import merge
-from ..trace.metrics import GAP, summarize
+from ..trace.metrics import GAP, balanced_bubbles, summarize
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from .data import Part, step_feeds, synthetic_classification
 from .model import build_graph
@@ -36,7 +36,10 @@ class RunResult:
     schedule gave those registers (the bound on ``peak_activations``); ``memory``:
     planned bytes per device; ``handoff_share``: the part of the measured steps' critical
     path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
-    event waits and queueing: why a bubble is larger than the theory's. Over ranks, rank
+    event waits and queueing: why a bubble is larger than the theory's; ``balanced``:
+    per stage, the bubble with its measured busy time and none between kernels (uneven
+    stages make it larger than ``theory``; see ``trace.metrics.balanced_bubbles``), empty
+    where this rank did not measure every stage. Over ranks, rank
     0's result has every stage's numbers and every parameter; another rank's, its own."""
 
     losses: list[float]
@@ -51,6 +54,7 @@ class RunResult:
     parameters: dict[str, np.ndarray]
     handoff_share: float = 0.0
     trace_note: str = ""
+    balanced: list[float] = attrs.Factory(list)
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -118,8 +122,9 @@ def train(
     # a rank other than 0 measures the stages whose first replica it holds
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     summary = summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine])
-    measured = iter(summary.stages)
-    bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
+    measured = list(summary.stages)
+    bubbles = [measured.pop(0).bubble if mine else float("nan") for mine in ours]
+    balanced = balanced_bubbles([b.busy_s for b in summary.stages], m) if all(ours) else []
     other = chrome.get("otherData", {})
     return RunResult(
         losses=losses,
@@ -129,6 +134,7 @@ def train(
         bubble_steps=config.train.steps - other.get("kept_from", 0),
         trace_note=other.get("note", "") if trace is not None else "",
         theory=(p - 1) / (m + p - 1),
+        balanced=balanced,
         peak_activations=peaks,
         activation_quotas=quotas,
         memory=dict(plan.memory),
