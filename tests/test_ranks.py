@@ -119,7 +119,7 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
         ],
         ids=["pipeline-gpipe", "pipeline-1f1b", "data-parallel", "a-stream-per-collective", "comm-reuse"],
     )
-    def test_it(self, pair, sets):
+    def test_losses_and_parameters_match(self, pair, sets):
         sets = [*sets, "model.dtype=float64"]
         path = str(ranks.REPO / "configs/default.yaml")
         status, got = pair.run(("train", path, sets))
