@@ -276,12 +276,10 @@ class Driver:
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         self.acted += 1
-        if unit.fences:
-            fence = self._hold(unit)
-            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
+        fence = self._hold(unit) if unit.fences else None
+        self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
+        if fence is not None:
             fence.release()
-        else:
-            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
 
     def _hold(self, unit: Unit) -> Fence:
         """Park the streams ``unit`` holds (overlap off) before its kernel runs."""

@@ -6,9 +6,6 @@ the kernels launched and finished, and knows the one running, for the stall repo
 
 ``Fence`` holds streams while one kernel of another runs: with overlap off, a
 collective's compute streams stop while it runs, as if they were one stream.
-
-``post`` is the one way from a stream thread into trio (for what the host must hear:
-the end of a run, a failure).
 """
 
 from __future__ import annotations
@@ -17,8 +14,6 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-import trio
 
 Completion = tuple[Any, Any, float, float, bool]
 """(context, result or exception, start, end, ok): what a launch reports when it ends."""
@@ -69,13 +64,12 @@ class Fence:
             if closed():
                 return
 
-    def hold(self, closed: Callable[[], bool]) -> bool:
-        """On the collective's thread: wait until every held stream parked; False if closed."""
+    def hold(self, closed: Callable[[], bool]) -> None:
+        """On the collective's thread: wait until every held stream parked (or ``closed``)."""
         for _ in range(self._streams):
             while not self._parked.acquire(timeout=POLL):
                 if closed():
-                    return False
-        return True
+                    return
 
     def release(self) -> None:
         self._released.set()
@@ -84,12 +78,3 @@ class Fence:
 def _no_clock() -> float:
     """The clock of a stream whose kernels nobody times (no trace is recorded)."""
     return 0.0
-
-
-def post(token: trio.lowlevel.TrioToken, fn: Callable[..., Any], *args: Any) -> None:
-    """Call ``fn(*args)`` on the trio thread, from any thread, unless the run has ended
-    (``run_sync_soon`` then raises ``RunFinishedError``: at shutdown, nobody is left to tell)."""
-    try:
-        token.run_sync_soon(fn, *args)
-    except trio.RunFinishedError:
-        pass

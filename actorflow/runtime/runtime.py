@@ -37,7 +37,6 @@ from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags, lacking
 from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
-from .executor import post
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
 from .transport import QUERY, REPLY, Transport
@@ -118,15 +117,15 @@ class Runtime:
         self._state = "open"
         try:
             self._stack.enter_context(single_threaded_blas())
-            token = self._token = trio.lowlevel.current_trio_token()
+            self._token = trio.lowlevel.current_trio_token()
             if self._transport is not None:
                 await self._transport.connect(_groups(self.plan), _digest(self.plan))
             self._build()
             self._stack.callback(self._stop_threads)
             if self._transport is not None:
-                self._transport.on_failure = functools.partial(post, token, self.fail)
-                self._transport.on_query = functools.partial(post, token, self._answer_query)
-                self._transport.on_reply = functools.partial(post, token, self._got_answer)
+                self._transport.on_failure = functools.partial(self._soon, self.fail)
+                self._transport.on_query = functools.partial(self._soon, self._answer_query)
+                self._transport.on_reply = functools.partial(self._soon, self._got_answer)
                 self._transport.start()
             self._nursery = await self._stack.enter_async_context(trio.open_nursery())
             self._nursery.start_soon(self._watchdog)
@@ -439,9 +438,14 @@ class Runtime:
         )
 
     def _soon(self, fn: Any, *args: Any) -> None:
-        """Call ``fn(*args)`` on the trio thread (from a stream's thread)."""
-        assert self._token is not None, "stream threads run only inside an open Runtime"
-        post(self._token, fn, *args)
+        """Call ``fn(*args)`` on the trio thread, from a stream's or the transport's thread,
+        unless the run has ended (``run_sync_soon`` then raises ``RunFinishedError``: at
+        shutdown, nobody is left to tell)."""
+        assert self._token is not None, "other threads run only inside an open Runtime"
+        try:
+            self._token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            pass
 
     def fail_soon(self, exc: BaseException) -> None:
         """``fail``, from a stream's thread."""
