@@ -18,7 +18,7 @@ import actorflow as af
 import graph_strategies as gs
 from actorflow.compiler.expand import expand
 from actorflow.compiler.fusion import fuse_collectives
-from actorflow.compiler.topology import positions
+from actorflow.compiler.topology import data_edges, positions
 from actorflow.compiler.updates import order_updates
 from actorflow.ops import kernels
 from actorflow.ops.fusion_kernels import fused_all_reduce
@@ -272,7 +272,7 @@ def test_buckets_are_runs_of_the_topological_order():
     fusible all-reduces of its group in the topological (gradient-ready) order."""
     g = sharded_weights_graph(2)
     plain = af.compile(g, fusion=False)
-    position = positions(plain)
+    position = positions(data_edges(plain))
     ready: dict[str, list[str]] = {}  # op -> the all-reduces of that op, in topological order
     for c in sorted(plain.collectives, key=lambda c: position[c.actors[0]]):
         ready.setdefault(plain.actors[c.actors[0]].attrs["op"], []).append(c.name)

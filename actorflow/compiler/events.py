@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..dag import topological_order
 from ..plan import Plan
-from .topology import data_edges, reaches_any, unit_of
+from .topology import data_edges, positions, reaches_any, unit_of
 
 SEARCH_BUDGET = 4096
 """Nodes one implied-event search may visit; past it the event stays (an event already
@@ -46,7 +45,7 @@ implied costs a wait that is over at once, never a wrong order), so the pass sta
 def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
     edges = data_edges(plan, across_ranks=False)  # a wait implies others on its own rank only
-    position = {u: k for k, u in enumerate(topological_order(edges))}
+    position = positions(edges)
     reused = {unit[a.id] for a in plan.actors if a.calls > 1}
     if reused:  # a path through a reused subgraph may pass through a later call: it implies nothing
         edges = {u: vs - reused for u, vs in edges.items()}

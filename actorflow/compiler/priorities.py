@@ -22,12 +22,12 @@ from __future__ import annotations
 import attrs
 
 from ..plan import Plan
-from .topology import positions, unit_of
+from .topology import data_edges, positions, unit_of
 
 
 def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
     unit = unit_of(plan)
-    position = positions(plan)
+    position = positions(data_edges(plan))
     collective_streams = {s.id for s in plan.streams if s.kind == "collective"}
     stream_of = {a.id: a.stream for a in plan.actors}
 

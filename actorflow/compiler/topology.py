@@ -11,9 +11,10 @@ from ..plan_check import data_edges
 from ..plan_check import unit_of as unit_of  # the passes take both from here
 
 
-def positions(plan: Plan) -> dict[int, int]:
-    """Unit -> its place in the deterministic topological order of the unit DAG."""
-    return {u: k for k, u in enumerate(topological_order(data_edges(plan)))}
+def positions(edges: Edges) -> dict[int, int]:
+    """Unit -> its place in the deterministic topological order of ``edges`` (the unit
+    DAG, ``data_edges``)."""
+    return {u: k for k, u in enumerate(topological_order(edges))}
 
 
 def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:
@@ -25,7 +26,7 @@ def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:
     before it.
     """
     edges = data_edges(plan)
-    position = {u: k for k, u in enumerate(topological_order(edges))}
+    position = positions(edges)
     latest = dict.fromkeys(position, -1)
     for producer, consumers in edges.items():
         for consumer in consumers:

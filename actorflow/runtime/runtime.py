@@ -708,7 +708,7 @@ def _partners(plan: Plan, unit: Unit) -> list[Unit]:
         return []
     member = unit.members[0]
     actor = member.actor
-    if actor.kind not in ("copy", "fetch", "feed") or actor.calls > 1 or not member.state.uniform:
+    if actor.kind not in ("copy", "fetch", "feed") or not member.state.uniform:  # uniform: one call
         return []
     moved = [plan.registers[o] for o in actor.outputs] or [plan.registers[i.register] for i in actor.inputs]
     if sum(r.nbytes for r in moved) > HOSTED_MOVE_BYTES:
