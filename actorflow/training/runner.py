@@ -122,8 +122,8 @@ def train(
     # a rank other than 0 measures the stages whose first replica it holds
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     summary = summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine])
-    measured = list(summary.stages)
-    bubbles = [measured.pop(0).bubble if mine else float("nan") for mine in ours]
+    measured = iter(summary.stages)
+    bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     balanced = balanced_bubbles([b.busy_s for b in summary.stages], m) if all(ours) else []
     other = chrome.get("otherData", {})
     return RunResult(
