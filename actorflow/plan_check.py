@@ -402,12 +402,29 @@ def _check_collectives(plan: Plan) -> None:
                 f"actor {actor.name!r} ({actor.kind}, group {actor.group}) takes part in "
                 + (f"collective {group.name!r} (id {group.id})" if group else "no collective")
             )
-    rates = {plan.actors[c.actors[0]].every: c.name for c in plan.collectives}
-    if len(rates) > 1:
-        raise CompileError(
-            "the collective streams run their collectives in one fixed order, so they must all act "
-            f"once per step or all once per micro-batch; {sorted(rates.values())} don't"
-        )
+    _check_collective_rates(plan)
+
+
+def _check_collective_rates(plan: Plan) -> None:
+    """A collective stream runs its once-per-micro-batch collectives as one run repeated
+    for each micro-batch (``runtime.driver.step_order``): in the collective order, a
+    stream's collectives acting once per step may come before that run and after it,
+    not inside it."""
+    runs: dict[int, list[tuple[bool, str]]] = {}
+    for coll in plan.collectives:
+        first = plan.actors[coll.actors[0]]
+        rates = runs.setdefault(first.stream, [])
+        per_micro_batch = first.every < plan.micro_batches
+        if not rates or rates[-1][0] != per_micro_batch:
+            rates.append((per_micro_batch, coll.name))
+    for stream, rates in runs.items():
+        if [p for p, _ in rates].count(True) > 1:
+            names = [name for _, name in rates]
+            raise CompileError(
+                f"collective stream {stream} runs per-micro-batch collectives in more than one "
+                f"run, split by per-step ones: {names}; its per-step collectives must all come "
+                "before or after its per-micro-batch ones in the collective order"
+            )
 
 
 def _check_calls(plan: Plan) -> None:

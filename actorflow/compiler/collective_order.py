@@ -3,6 +3,11 @@ collective as early as its inputs are ready (so a gradient's all-reduce follows 
 backward op that made it, not the whole backward pass).
 
 Every rank runs its collectives in this order, which is what keeps them deadlock-free.
+With micro-batches, collectives may act at two rates (see ``Actor.every``): those that
+act once per step and read only per-step values (an all-gather of a sharded parameter)
+come first, then those acting once per micro-batch, then the per-step ones reading
+accumulated values (a gradient's all-reduce); a collective stream runs the middle part
+once per micro-batch (``runtime.driver.step_order``).
 """
 
 from __future__ import annotations
@@ -10,10 +15,19 @@ from __future__ import annotations
 import attrs
 
 from ..plan import Plan
-from .topology import ready_order
+from .topology import data_edges, descendants, ready_order, unit_of
 
 
 def order_collectives(plan: Plan) -> Plan:
     ready = ready_order(plan)
-    ordered = sorted(plan.collectives, key=lambda c: ready[c.actors[0]])
+    unit = unit_of(plan)
+    per_micro_batch = {unit[a.id] for a in plan.actors if a.every < plan.micro_batches}
+    after = descendants(data_edges(plan), per_micro_batch)
+
+    def phase(unit_id: int) -> int:
+        if unit_id in per_micro_batch:
+            return 1
+        return 2 if unit_id in after else 0
+
+    ordered = sorted(plan.collectives, key=lambda c: (phase(unit[c.actors[0]]), ready[c.actors[0]]))
     return attrs.evolve(plan, collectives=tuple(ordered))

@@ -72,6 +72,18 @@ def reachable(edges: Edges, pairs: Iterable[tuple[int, int]]) -> set[tuple[int, 
     return {(u, v) for u, v in pairs if reach[u] & bit[v]}
 
 
+def descendants(edges: Edges, sources: Iterable[int]) -> set[int]:
+    """The nodes some source reaches by a path of length >= 1."""
+    stack = [v for u in sources for v in edges[u]]
+    seen = set(stack)
+    while stack:
+        for w in edges[stack.pop()]:
+            if w not in seen:
+                seen.add(w)
+                stack.append(w)
+    return seen
+
+
 def reaches_any(
     edges: Edges, position: Mapping[int, int], start: int, targets: Container[int], bound: int, budget: int
 ) -> bool | None:

@@ -128,9 +128,29 @@ class Unit:
         return True
 
 
+def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
+    """A collective stream's launches in one step, from its units in the collective
+    order: a run of units that act once per micro-batch repeats for each micro-batch
+    (all of micro-batch 0's, then 1's, ...); a unit that acts once per step launches
+    once (the compiler puts those reading only per-step values before the
+    per-micro-batch run and those reading accumulated ones after it)."""
+    order: list[Unit] = []
+    run: list[Unit] = []
+    for unit in [*units, None]:
+        if unit is not None and unit.members[0].actor.every < micro_batches:
+            run.append(unit)
+            continue
+        order += run * micro_batches
+        run = []
+        if unit is not None:
+            order.append(unit)
+    return order
+
+
 class Driver:
-    """``ordered``: launch units strictly in list order, round after round (collective
-    stream); ``transport``: the stream is the rank's communication stream, whose kernels
+    """``order``: for a collective stream, the units in the order they launch within a
+    step (see ``step_order``), which the stream follows strictly, step after step;
+    ``transport``: the stream is the rank's communication stream, whose kernels
     the transport runs, completing in any order. ``start`` starts the stream's thread;
     ``post`` and ``close`` are safe from any thread; everything else runs on the
     stream's thread."""
@@ -140,7 +160,7 @@ class Driver:
         runtime: Runtime,
         name: str,
         units: list[Unit],
-        ordered: bool,
+        order: list[Unit] | None,
         transport: Transport | None = None,
     ) -> None:
         self.runtime = runtime
@@ -151,7 +171,8 @@ class Driver:
             else CommExecutor(name, transport, self._on_comm_done)
         )
         self.units = units
-        self.ordered = ordered
+        self.order = order or []
+        self.ordered = order is not None
         self.cursor = 0
         self.acted = 0
         self.owed = 0  # acts of this run yet to complete
@@ -227,16 +248,16 @@ class Driver:
         while heap and not self.closed:
             unit = heapq.heappop(heap)[2]
             unit.queued = False
-            if self.ordered and unit is not self.units[self.cursor]:
+            if self.ordered and unit is not self.order[self.cursor]:
                 if log is not None:
-                    log.turn(self.name, unit, self.units[self.cursor])
+                    log.turn(self.name, unit, self.order[self.cursor])
                 continue
             if unit.can_act():
                 if log is not None:
                     log.attempt(self.name, unit, True)
                 if self.ordered:
-                    self.cursor = (self.cursor + 1) % len(self.units)
-                    self._dirty(self.units[self.cursor])
+                    self.cursor = (self.cursor + 1) % len(self.order)
+                    self._dirty(self.order[self.cursor])
                 self._launch(unit)
                 if not self.ordered and unit.can_act():  # else news will tell when it can
                     self._dirty(unit)

@@ -36,7 +36,7 @@ from .actor_state import ActorState
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags, lacking
-from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit
+from .driver import KICK, Driver, InputSpec, Member, OutputSpec, Unit, step_order
 from .logical import assemble, feed_names, split_feeds
 from .stall import WaitChain, wait_for_chain
 from .transport import QUERY, REPLY, Transport
@@ -218,12 +218,12 @@ class Runtime:
         self._host_moves(units_of_stream)
 
         for stream in streams:
-            ordered = stream.kind == "collective"
             units = units_of_stream[stream.id]
-            if not ordered:
+            order = step_order(units, plan.micro_batches) if stream.kind == "collective" else None
+            if order is None:
                 units.sort(key=lambda u: u.priority)
             transport = self._transport if stream.kind == "comm" else None
-            self._drivers.append(Driver(self, stream.name, units, ordered, transport))
+            self._drivers.append(Driver(self, stream.name, units, order, transport))
         if not plan.overlap:
             compute = {s.device: d for s, d in zip(streams, self._drivers) if s.kind == "compute"}
             for coll in plan.collectives:
@@ -604,8 +604,8 @@ class Runtime:
                 lines.append(
                     f"  stream {driver.name}: {ex.submitted - ex.done} launched kernels not finished"
                 )
-            if driver.ordered and driver.units:
-                unit = driver.units[driver.cursor]
+            if driver.order:
+                unit = driver.order[driver.cursor]
                 lines.append(f"  stream {driver.name}: next in collective order is {unit.name!r}")
         lines.append(self._chain().text)
         return "\n".join(lines)
