@@ -61,7 +61,9 @@ class DataConfig:
 
 @attrs.frozen(kw_only=True)
 class OptimizerConfig:
-    """sgd reads lr and momentum; adam reads lr, beta1, beta2 and eps."""
+    """sgd reads lr and momentum; adam reads lr, beta1, beta2 and eps. shard,
+    shard_threshold_kb and gradient_accumulation_shard: optimizer parallel over the
+    data-parallel replicas (``af.minimize``'s options of the same names)."""
 
     kind: Literal["sgd", "adam"] = "sgd"
     lr: float
@@ -69,6 +71,9 @@ class OptimizerConfig:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    shard: bool = False
+    shard_threshold_kb: float = 64
+    gradient_accumulation_shard: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -467,6 +472,11 @@ def _check_values(config: Config) -> None:
     _fraction("train.optimizer.beta1", train.optimizer.beta1)
     _fraction("train.optimizer.beta2", train.optimizer.beta2)
     _above("train.optimizer.eps", train.optimizer.eps, 0)
+    _at_least("train.optimizer.shard_threshold_kb", train.optimizer.shard_threshold_kb, 0)
+    if train.optimizer.shard and parallel.data_parallel == 1:
+        raise _fail(
+            "train.optimizer.shard", "shards over data-parallel replicas: needs parallel.data_parallel > 1"
+        )
     _at_least("train.log_every", train.log_every, 1)
     _at_least("parallel.data_parallel", parallel.data_parallel, 1)
     _at_least("parallel.micro_batches", parallel.micro_batches, 1)

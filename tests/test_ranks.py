@@ -116,8 +116,22 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
             # once on two streams can't start in different orders
             ["train.steps=5", *ONE_COLLECTIVE_A_STREAM],
             ["train.steps=5", *ONE_COLLECTIVE_A_STREAM, "runtime.comm_reuse=-1"],
+            # micro-batches: the all-gathers act once per step, the reduce-scatters once per micro-batch
+            [
+                "train.steps=5",
+                *DATA_PARALLEL,
+                "train.optimizer.shard=true",
+                "train.optimizer.shard_threshold_kb=0",
+            ],
         ],
-        ids=["pipeline-gpipe", "pipeline-1f1b", "data-parallel", "a-stream-per-collective", "comm-reuse"],
+        ids=[
+            "pipeline-gpipe",
+            "pipeline-1f1b",
+            "data-parallel",
+            "a-stream-per-collective",
+            "comm-reuse",
+            "optimizer-shard",
+        ],
     )
     def test_losses_and_parameters_match(self, pair, sets):
         sets = [*sets, "model.dtype=float64"]

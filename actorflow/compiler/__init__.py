@@ -21,6 +21,7 @@ from .expand import expand
 from .fusion import fuse_collectives
 from .link import emulate_links
 from .micro_batches import split_micro_batches
+from .optimizer_shards import shard_optimizer
 from .priorities import assign_priorities
 from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
@@ -111,6 +112,8 @@ def compile(
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
     plan = split_micro_batches(plan, micro_batches)
+    plan, gathered = shard_optimizer(plan, graph.optimizer_shards)
+    overrides = dict.fromkeys(gathered, 1) | overrides
     plan = order_updates(plan)
     if fusion:
         plan = fuse_collectives(plan, bucket_first, bucket_cap)

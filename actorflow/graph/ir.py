@@ -32,6 +32,19 @@ class Node:
     backward: bool = False
 
 
+@attrs.frozen
+class OptimizerShard:
+    """A data-parallel parameter whose optimizer runs sharded over its replicas (see
+    ``compiler.optimizer_shards``): the logical ``parameter``'s name, the ``axis`` its
+    parts are cut along, and whether a step's gradient is reduce-scattered at every
+    micro-batch and accumulated sharded (``accumulate_sharded``) or accumulated whole
+    and reduce-scattered once."""
+
+    parameter: str
+    axis: int
+    accumulate_sharded: bool = True
+
+
 @attrs.frozen(eq=False)
 class Tensor:
     """A handle on one output of a node, as the user holds it while building."""
@@ -71,6 +84,7 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.logical: list[LogicalTensor] = []
+        self.optimizer_shards: list[OptimizerShard] = []
         self._names: set[str] = set()
         self._tokens: list = []
         self.building_backward = False

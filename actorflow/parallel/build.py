@@ -19,7 +19,7 @@ from .. import ops, optim
 from ..autodiff import gradients as local_gradients
 from ..errors import GraphError
 from ..graph.builder import device_of, graph_for
-from ..graph.ir import Graph, Tensor
+from ..graph.ir import Graph, OptimizerShard, Tensor
 from ..plan import LogicalTensor
 from .boxing import box
 from .global_tensor import GlobalTensor, local_shape
@@ -157,10 +157,32 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
 
 
 def minimize(
-    loss: Tensor | GlobalTensor, optimizer: optim.SGD | optim.Adam, params: Sequence[Any] | None = None
+    loss: Tensor | GlobalTensor,
+    optimizer: optim.SGD | optim.Adam,
+    params: Sequence[Any] | None = None,
+    *,
+    shard: bool = False,
+    shard_threshold_kb: float = 64,
+    gradient_accumulation_shard: bool = True,
 ) -> list[Any]:
     """Like ``af.minimize``; with a global loss, every global parameter (or ``params``)
-    gets its gradient all-reduced (broadcast ones) and each part the same update."""
+    gets its gradient all-reduced (broadcast ones) and each part the same update.
+
+    ``shard``: optimizer parallel (ZeRO-1/2, MindSpore's parallel optimizer) for every
+    broadcast parameter of at least ``shard_threshold_kb`` KiB per replica with a dim
+    its replicas divide: the compiler keeps one shard of it and of its optimizer state
+    per replica, reduce-scatters its gradient, updates each shard where it lives and
+    all-gathers the parameter for the next step (see ``compiler.optimizer_shards``).
+    ``gradient_accumulation_shard``: with micro-batches, the gradient is
+    reduce-scattered at each micro-batch and accumulated as a shard (else accumulated
+    whole and reduce-scattered once per step: less communication, more memory).
+    """
+    if (
+        not isinstance(shard_threshold_kb, (int, float))
+        or isinstance(shard_threshold_kb, bool)
+        or shard_threshold_kb < 0
+    ):
+        raise GraphError(f"minimize: shard_threshold_kb is a number >= 0, got {shard_threshold_kb!r}")
     if not isinstance(loss, GlobalTensor):
         return optim.minimize(loss, optimizer, params)
     graph = loss.locals[0].graph
@@ -178,7 +200,29 @@ def minimize(
                     optimizer.update(part, part_grad)
             else:
                 optimizer.update(param, grad)
+    if shard:
+        graph.optimizer_shards.extend(
+            OptimizerShard(name, axis, gradient_accumulation_shard)
+            for name, axis in _shardable(graph, [p for p, _ in used], shard_threshold_kb * 1024)
+        )
     return [gr for _, gr in used]
+
+
+def _shardable(graph: Graph, params: Sequence[Any], threshold: float) -> list[tuple[str, int]]:
+    """(logical name, axis) of each broadcast parameter over several devices whose part
+    holds at least ``threshold`` bytes, cut along its first dim the replicas divide."""
+    names = {lt.parts: lt.name for lt in graph.logical if lt.kind == "parameter"}
+    chosen = []
+    for param in params:
+        if not isinstance(param, GlobalTensor) or not isinstance(param.sbp, Broadcast):
+            continue
+        n, part = len(param.locals), param.locals[0]
+        if n < 2 or np.prod(part.shape, dtype=np.int64) * np.dtype(part.dtype).itemsize < threshold:
+            continue
+        axis = next((a for a, size in enumerate(part.shape) if size and size % n == 0), None)
+        if axis is not None:
+            chosen.append((names[tuple(t.name for t in param.locals)], axis))
+    return chosen
 
 
 def _global_parameters(graph: Graph) -> list[GlobalTensor]:

@@ -55,7 +55,14 @@ def build_graph(config: Config) -> Graph:
                     h = activation(h)
                 layer += 1
         loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
-        minimize(loss, optimizer(config.train.optimizer))
+        spec = config.train.optimizer
+        minimize(
+            loss,
+            optimizer(spec),
+            shard=spec.shard,
+            shard_threshold_kb=spec.shard_threshold_kb,
+            gradient_accumulation_shard=spec.gradient_accumulation_shard,
+        )
         output("loss", loss)
     return graph
 
