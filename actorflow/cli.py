@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
         description="Train the run CONFIG describes (see configs/): a progress bar with the loss, "
         "then a table of samples/s, measured pipeline bubble per stage beside the theory "
         "(p-1)/(m+p-1) and the bubble its stages' measured kernel times alone would give, "
-        "peak activations held per stage and planned memory per device. "
+        "peak activations held per stage and planned and held memory per device. "
         "Under a launcher (actorflow launch -n 2 -- actorflow run CONFIG) the devices are "
         "spread over the ranks in order, one rank per stage replica when the counts match; "
         "rank 0 shows the progress and the report and writes --metrics, every rank writes "

@@ -138,7 +138,10 @@ def test_sharded_pipeline_with_replicated_stages_equals_replicated(schedule):
     np.testing.assert_allclose(sharded.losses, plain.losses, rtol=1e-9)
     for name, value in plain.parameters.items():
         np.testing.assert_allclose(sharded.parameters[name], value, rtol=1e-9, atol=0, err_msg=name)
-    assert all(sharded.memory[d] < plain.memory[d] for d in plain.memory)
+    for d in plain.memory:
+        assert sharded.memory[d] < plain.memory[d]
+        assert sharded.held_memory[d] < plain.held_memory[d]
+        assert 0 < plain.held_memory[d] <= plain.memory[d]
 
 
 def test_bad_shard_settings_are_refused():

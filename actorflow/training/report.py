@@ -55,8 +55,14 @@ def table(config: Config, result: RunResult) -> str:
     )
     if result.bubble_steps < config.train.steps:
         lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")
-    lines += ["", "planned memory per device:"]
-    lines += [f"  {device}: {nbytes / 2**20:.2f} MiB" for device, nbytes in sorted(result.memory.items())]
+    lines += [
+        "",
+        "memory per device: planned (every buffer of every register), held (each register's most buffers at once)",
+    ]
+    lines += [
+        f"  {device}: {nbytes / 2**20:.2f} MiB planned, {result.held_memory.get(device, 0) / 2**20:.2f} MiB held"
+        for device, nbytes in sorted(result.memory.items())
+    ]
     return "\n".join(lines)
 
 
@@ -81,4 +87,5 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
             for s, devices in enumerate(config.parallel.stages)
         ],
         "memory": result.memory,
+        "held_memory": result.held_memory,
     }

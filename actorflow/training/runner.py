@@ -34,7 +34,9 @@ class RunResult:
     what the trace left out, if anything; ``peak_activations``: per stage, the most
     micro-batches whose kept-for-backward registers were held at once; ``activation_quotas``: per stage, the quota the
     schedule gave those registers (the bound on ``peak_activations``); ``memory``:
-    planned bytes per device; ``handoff_share``: the part of the measured steps' critical
+    planned bytes per device; ``held_memory``: per device, the bytes of the most buffers
+    each register held at once, summed (at least what was held at any one moment, at
+    most ``memory``), parameters included; ``handoff_share``: the part of the measured steps' critical
     path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
     event waits and queueing: why a bubble is larger than the theory's; ``balanced``:
     per stage, the bubble with its measured busy time and none between kernels (uneven
@@ -52,6 +54,7 @@ class RunResult:
     activation_quotas: list[int]
     memory: dict[str, int]
     parameters: dict[str, np.ndarray]
+    held_memory: dict[str, int] = attrs.Factory(dict)
     handoff_share: float = 0.0
     trace_note: str = ""
     balanced: list[float] = attrs.Factory(list)
@@ -138,6 +141,7 @@ def train(
         peak_activations=peaks,
         activation_quotas=quotas,
         memory=dict(plan.memory),
+        held_memory=held_memory(plan, stats),
         parameters=parameters,
         handoff_share=summary.critical_path.shares.get(GAP, 0.0),
     )
@@ -166,6 +170,16 @@ def rank_path(path: str, rank: int) -> str:
     """``t.json`` -> ``t.rank1.json``: where rank 1 of a run writes its own trace."""
     stem, dot, suffix = path.rpartition(".")
     return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{path}.rank{rank}"
+
+
+def held_memory(plan: Plan, stats: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Per device, the bytes of each register's most buffers held at once, summed over
+    the registers ``stats`` covers, and of the parameters."""
+    held: dict[str, int] = {}
+    for reg in plan.registers:
+        buffers = 1 if reg.is_parameter else stats.get(reg.name, {}).get("max_held", 0)
+        held[reg.device] = held.get(reg.device, 0) + buffers * reg.nbytes
+    return held
 
 
 def kept_per_stage(
