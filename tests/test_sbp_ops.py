@@ -627,20 +627,53 @@ def test_mean_of_a_split_batch_loss_chain(n):
     both(model, n)
 
 
+# -- reshape and transpose: a split follows its dim ---------------------------------------
+
+
+@pytest.mark.parametrize("n", ELEMENTWISE_N)
+@pytest.mark.parametrize(
+    "sbp, shape, expected",
+    [
+        (S0, (24, 12), S0),  # rows stay contiguous runs
+        (S1, (12, 6, 4), S1),  # heads split after a column split: [n, h*d] -> [n, h, d]
+        (S1, (288,), B),  # a column split is no contiguous run of the flat tensor
+        (B, (24, 12), B),
+        (P, (24, 12), P),
+    ],
+    ids=["S0-rows", "S1-heads", "S1-flat", "B", "P"],
+)
+def test_reshape_keeps_a_split_whose_dim_keeps_its_leading_elements(sbp, shape, expected, n):
+    def model(env):
+        y = af.ops.reshape(env.param("x", (12, 24), sbp), shape)
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == expected
+    close(r.got["y"], r.values["x"].reshape(shape))
+
+
+@pytest.mark.parametrize("n", ELEMENTWISE_N)
+@pytest.mark.parametrize("sbp, expected", [(S0, S2), (S1, S0), (S2, S1), (B, B)], ids=repr)
+def test_transpose_moves_a_split_with_its_dim(sbp, expected, n):
+    def model(env):
+        y = af.ops.transpose(env.param("x", (12, 24, 12), sbp), (1, 2, 0))
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == expected
+    close(r.got["y"], r.values["x"].transpose(1, 2, 0))
+
+
 # -- ops without a rule: run on broadcast inputs ----------------------------------------
 
 
 @pytest.mark.parametrize("n", ELEMENTWISE_N)
 @pytest.mark.parametrize("sbp", [S0, S1, B, P], ids=repr)
-@pytest.mark.parametrize("op", ["reshape", "transpose", "concat", "slice", "split"])
+@pytest.mark.parametrize("op", ["concat", "slice", "split"])
 def test_op_without_a_rule_falls_back_to_broadcast(op, sbp, n):
     def model(env):
         x = env.param("x", (12, 24), sbp)
-        if op == "reshape":
-            y = af.ops.reshape(x, (24, 12))
-        elif op == "transpose":
-            y = af.ops.transpose(x)
-        elif op == "concat":
+        if op == "concat":
             y = af.ops.concat([x, env.param("z", (12, 24), S0)], axis=1)
         elif op == "slice":
             y = af.ops.slice(x, [2, 3], [10, 20])
@@ -655,8 +688,6 @@ def test_op_without_a_rule_falls_back_to_broadcast(op, sbp, n):
     assert r.outs["y"].sbp == B
     x = r.values["x"]
     want = {
-        "reshape": lambda: x.reshape(24, 12),
-        "transpose": lambda: x.T,
         "concat": lambda: np.concatenate([x, r.values["z"]], axis=1),
         "slice": lambda: x[2:10, 3:20],
         "split": lambda: x[:, :10] * x[:, 10:20],

@@ -12,6 +12,8 @@ Signatures (S = split, B = broadcast, P = partial sum):
 - sum and mean over the split axis: S -> P (a mean scaled by 1/n); over other axes S
   stays S; P stays P; max boxes P and split-axis S to B;
 - losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n);
+- reshape: S(a) -> S(b) where the split dim keeps its leading elements (else B first);
+  transpose: S(a) -> S(perm.index(a)); both keep P and B;
 - to_device onto as many devices: part k goes to the k-th, the SBP stays.
 """
 
@@ -20,6 +22,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from .. import ops
 from ..errors import GraphError
@@ -225,6 +229,31 @@ def _batch_loss(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     return _run(op, (box(a, B), box(b, B)), kwargs, B)
 
 
+def _reshape(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    """P and B stay; S(a) becomes S(b) for the first output axis b whose leading dims
+    hold as many elements as the input's before a and that the devices divide: each
+    device's part is then a contiguous run of every leading index, on both sides
+    (heads split after a column-split projection: [n, h*d] S(1) -> [n, h, d] S(1))."""
+    x, shape = args[0], args[1]
+    if not isinstance(x.sbp, Split):
+        return _run(op, args, kwargs, x.sbp)
+    new = np.empty(x.shape, dtype=np.bool_).reshape(tuple(shape)).shape
+    n, lead = len(x.locals), int(np.prod(x.shape[: x.sbp.axis], dtype=np.int64))
+    for b in range(len(new)):
+        if int(np.prod(new[:b], dtype=np.int64)) == lead and new[b] % n == 0:
+            local = list(new)
+            local[b] //= n
+            return _run(op, (x, tuple(local), *args[2:]), kwargs, S(b))
+    return _run(op, (box(x, B), *args[1:]), kwargs, B)
+
+
+def _transpose(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x, perm = args[0], args[1]
+    perm = tuple(reversed(range(x.ndim))) if perm is None else tuple(p % x.ndim for p in perm)
+    sbp = S(perm.index(x.sbp.axis)) if isinstance(x.sbp, Split) else x.sbp
+    return _run(op, (x, perm, *args[2:]), kwargs, sbp)
+
+
 def _to_device(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     x, device = args
     devices = [device] if isinstance(device, str) else list(device)
@@ -252,4 +281,6 @@ _RULES: dict[str, Rule] = {
     "mse_loss": _batch_loss,
     "softmax_cross_entropy": _batch_loss,
     "to_device": _to_device,
+    "reshape": _reshape,
+    "transpose": _transpose,
 }
