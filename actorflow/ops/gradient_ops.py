@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..graph.builder import axis_of, check_inputs, fail, float_dtype, is_float
+from ..graph.dispatch import dispatchable
 from ..graph.ir import Tensor
 from . import gradient_kernels
 from .compute import _compute
@@ -57,6 +58,7 @@ def broadcast_to(x: Tensor, shape: Sequence[int], *, name: str | None = None) ->
     return _compute("broadcast_to", [x], shape, name=name)
 
 
+@dispatchable
 def scale(x: Tensor, factor: float, *, name: str | None = None) -> Tensor:
     """x * factor for a constant ``factor``; the dtype stays (x itself if factor is 1)."""
     check_inputs("scale", [x])

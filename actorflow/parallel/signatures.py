@@ -8,7 +8,7 @@ Signatures (S = split, B = broadcast, P = partial sum):
   nonlinear ops box P to B first;
 - matmul: S(0) x B -> S(0), B x S(1) -> S(1), S(1) x S(0) -> P, P x B -> P, B x P -> P;
 - bias_add: x's SBP with a broadcast bias (sliced along x's split when that is the
-  bias's axis); softmax along an axis other than the split one keeps S;
+  bias's axis; a bias split that way already stays); scale (by a constant) keeps any SBP; softmax along an axis other than the split one keeps S;
 - sum and mean over the split axis: S -> P (a mean scaled by 1/n); over other axes S
   stays S; P stays P; max boxes P and split-axis S to B;
 - losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n);
@@ -180,12 +180,12 @@ def _matmul(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
 def _bias_add(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     x, bias = args
     x = box(x, B) if isinstance(x.sbp, Partial) else x
-    bias = box(bias, B)
-    if isinstance(x.sbp, Split):
-        k = _split_axis_of(x.ndim, bias.shape, x.sbp.axis)
-        if k is not None:
-            bias = box(bias, S(k))
-    return _run(op, (x, bias), kwargs, x.sbp)
+    k = _split_axis_of(x.ndim, bias.shape, x.sbp.axis) if isinstance(x.sbp, Split) else None
+    return _run(op, (x, box(bias, B if k is None else S(k))), kwargs, x.sbp)
+
+
+def _linear(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    return _run(op, args, kwargs, args[0].sbp)
 
 
 def _softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
@@ -281,6 +281,7 @@ _RULES: dict[str, Rule] = {
     "mse_loss": _batch_loss,
     "softmax_cross_entropy": _batch_loss,
     "to_device": _to_device,
+    "scale": _linear,
     "reshape": _reshape,
     "transpose": _transpose,
 }
