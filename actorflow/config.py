@@ -92,7 +92,7 @@ class ParallelConfig:
     stages: tuple[Stage, ...]
     data_parallel: int = 1
     micro_batches: int = 1
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "zb1", "zbh1"] = "1f1b"
     partition: tuple[int, ...] | None = None
 
     @property

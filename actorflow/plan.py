@@ -140,7 +140,9 @@ class Actor:
     ``accumulate`` and an update). Where rates differ on an edge, a ``repeat`` actor
     keeps its input for m acts and an ``accumulate`` actor publishes its output every
     m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
-    autodiff (its activations' inputs are what pipeline schedules keep).
+    autodiff (its activations' inputs are what pipeline schedules keep); ``weight_grad``:
+    a backward actor that computes only weight gradients (the W of zero-bubble
+    pipelines), which no other stage waits for.
     """
 
     id: int
@@ -158,6 +160,7 @@ class Actor:
     where: str = ""
     every: int = 1
     backward: bool = False
+    weight_grad: bool = False
     calls: int = 1
     """A participant of a reused communication subgraph acts ``calls`` times per
     iteration, once per call site in a fixed order: call k reads input k and writes the

@@ -1,12 +1,22 @@
 """Pipeline parallelism from quotas: a 2-stage MLP trained with m micro-batches per step,
-m in {1, 2, 4, 8}, under the GPipe and the 1F1B schedule, against the same model on one
-device (the whole batch at once).
+m in {1, 2, 4, 8}, under the GPipe and the 1F1B schedule, and ZB-H1 (zb1) at m = 4 and
+8, against the same model on one device (the whole batch at once).
 
 Per variant it prints: throughput (samples/s) and its ratio to one device; the measured
 bubble per stage (the part of each step its compute stream sat idle, from the trace)
-beside the theory (p-1)/(m+p-1); the most micro-batches whose activations a stage held
-at once, beside the schedule's bound (m for GPipe, p - s for 1F1B). Each figure is the
-median over --repeats runs of --steps steps.
+beside the theory with equal forward (F), input-gradient (B) and weight-gradient (W)
+times, (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(3m+p-1) for ZB-H1; the most
+micro-batches whose activations a stage held at once (for ZB-H1, its W's inputs
+included), beside the schedule's bound (m for GPipe, p - s for 1F1B, p for ZB-H1).
+
+A second table sets ZB-H1 beside 1F1B at each m: F, B and W are measured from each
+run's trace (kernel time per micro-batch on a stage's compute stream: F the forward
+actors, B the backward ones autodiff did not mark ``weight_grad``, W those it did, the
+accumulation of their results included; the mean over stages), and the theory is the
+paper's bubble time (arXiv 2401.10241, section 2) over the step's time: 1F1B
+(p-1)(F+B+W) / (m(F+B+W) + (p-1)(F+B+W)), ZB-H1 (p-1)(F+B-W) / (m(F+B+W) + (p-1)(F+B-W))
+(0 where W > F+B); beside them the measured mean bubbles over stages and the ratio
+ZB-H1 / 1F1B of both. Each figure is the median over --repeats runs of --steps steps.
 
 Run: python benchmarks/pipeline.py [--steps 4] [--repeats 3] [--width 512] [--batch 4096]
 """
@@ -14,16 +24,18 @@ Run: python benchmarks/pipeline.py [--steps 4] [--repeats 3] [--width 512] [--ba
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import sys
+import tempfile
 
 import numpy as np
 
 from actorflow.config import parse_config
 from actorflow.text import columns
-from actorflow.training import train
+from actorflow.training import compile_config, train
 
 
 def config(args, stages, micro_batches, schedule):
@@ -43,10 +55,18 @@ def config(args, stages, micro_batches, schedule):
     )
 
 
-def measure(args, stages, micro_batches, schedule):
+def measure(args, stages, micro_batches, schedule, passes=False):
     """Medians over the repeats: (samples/s, bubble per stage, peak activations per stage,
-    their bound per stage, theory)."""
-    runs = [train(config(args, stages, micro_batches, schedule)) for _ in range(args.repeats)]
+    their bound per stage, theory (p-1)/(m+p-1), and with ``passes`` F, B and W ms per
+    micro-batch from each run's trace, else None)."""
+    runs, times = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.repeats):
+            cfg = config(args, stages, micro_batches, schedule)
+            trace = os.path.join(tmp, f"{k}.json") if passes else None
+            runs.append(train(cfg, trace=trace))
+            if trace is not None:
+                times.append(pass_times(cfg, trace))
     p = len(stages)
     return (
         statistics.median(r.samples_per_second for r in runs),
@@ -54,7 +74,32 @@ def measure(args, stages, micro_batches, schedule):
         [max(r.peak_activations[s] for r in runs) for s in range(p)],
         runs[0].activation_quotas,
         runs[0].theory,
+        [statistics.median(t[k] for t in times) for k in range(3)] if passes else None,
     )
+
+
+def pass_times(cfg, trace):
+    """F, B and W: ms of kernel time per micro-batch on a stage's compute stream, the mean
+    over stages (what the trace holds, the latest steps)."""
+    actors = {a.name: a for a in compile_config(cfg).actors}
+    totals = [0.0, 0.0, 0.0]
+    batches = set()
+    with open(trace) as f:
+        events = json.load(f)["traceEvents"]
+    for e in events:
+        a = actors.get(e.get("args", {}).get("actor"))
+        if e.get("ph") != "X" or a is None or a.kind != "compute" or "micro_batch" not in e["args"]:
+            continue
+        totals[2 if a.weight_grad else 1 if a.backward else 0] += e["dur"] / 1e3
+        batches.add((e["args"]["iteration"], e["args"]["micro_batch"]))
+    stages = len(cfg.parallel.stages)
+    return [t / len(batches) / stages for t in totals]
+
+
+def theory(schedule, p, m, f=1.0, b=1.0, w=1.0):
+    """The bubble's share of a step with F, B and W per micro-batch (section 2 of the paper)."""
+    idle = (p - 1) * max(0.0, f + b - w) if schedule == "zb1" else (p - 1) * (f + b + w)
+    return idle / (m * (f + b + w) + idle)
 
 
 def main() -> int:
@@ -93,26 +138,60 @@ def main() -> int:
         "peak act s1",
         "bound s0/s1",
     )
-    rows = []
-    for schedule in ("gpipe", "1f1b"):
-        for m in args.micro_batches:
-            throughput, bubbles, peaks, bound, theory = measure(args, two, m, schedule)
+    rows, measured = [], {}
+    variants = [(s, m) for s in ("gpipe", "1f1b") for m in args.micro_batches]
+    variants += [("zb1", m) for m in args.micro_batches if m in (4, 8)]
+    for schedule, m in variants:
+        compared = schedule in ("1f1b", "zb1") and m in (4, 8)
+        throughput, bubbles, peaks, bound, _, passes = measure(args, two, m, schedule, compared)
+        measured[schedule, m] = (bubbles, passes)
+        rows.append(
+            (
+                schedule,
+                str(m),
+                f"{throughput:,.0f}",
+                f"{throughput / baseline:.2f}x",
+                f"{bubbles[0]:.3f}",
+                f"{bubbles[1]:.3f}",
+                f"{theory(schedule, 2, m):.3f}",
+                str(peaks[0]),
+                str(peaks[1]),
+                f"{bound[0]}/{bound[1]}",
+            )
+        )
+    print("\n".join(columns([header, *rows])))
+    zero_bubble = [m for m in args.micro_batches if ("zb1", m) in measured]
+    if zero_bubble:
+        print("\nZB-H1 against 1F1B (F, B, W: ms per micro-batch from the traces; bubbles: mean over stages)")
+        print("\n".join(columns(zb_rows(measured, zero_bubble))))
+    return 0
+
+
+def zb_rows(measured, micro_batches):
+    """Per m, 1F1B's and ZB-H1's F, B, W, theory and measured bubble, and ZB-H1 / 1F1B."""
+    head = ("m", "schedule", "F ms", "B ms", "W ms", "theory", "bubble", "zb1/1f1b theory", "zb1/1f1b bubble")
+    rows = [head]
+    for m in micro_batches:
+        got = {}
+        for schedule in ("1f1b", "zb1"):
+            bubbles, (f, b, w) = measured[schedule, m]
+            got[schedule] = (theory(schedule, 2, m, f, b, w), statistics.mean(bubbles))
             rows.append(
                 (
-                    schedule,
                     str(m),
-                    f"{throughput:,.0f}",
-                    f"{throughput / baseline:.2f}x",
-                    f"{bubbles[0]:.3f}",
-                    f"{bubbles[1]:.3f}",
-                    f"{theory:.3f}",
-                    str(peaks[0]),
-                    str(peaks[1]),
-                    f"{bound[0]}/{bound[1]}",
+                    schedule,
+                    f"{f:.2f}",
+                    f"{b:.2f}",
+                    f"{w:.2f}",
+                    f"{got[schedule][0]:.3f}",
+                    f"{got[schedule][1]:.3f}",
+                    "",
+                    "",
                 )
             )
-    print("\n".join(columns([header, *rows])))
-    return 0
+        ratios = [got["zb1"][k] / got["1f1b"][k] if got["1f1b"][k] else float("nan") for k in range(2)]
+        rows[-1] = (*rows[-1][:7], f"{ratios[0]:.2f}", f"{ratios[1]:.2f}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -234,7 +234,7 @@ def part_d(args) -> dict:
     out = {}
     for schedule in args.schedules:
         for m in args.micro_batches:
-            samples, bubbles, _, _, theory = pipeline.measure(options, ["cpu:0", "cpu:1"], m, schedule)
+            samples, bubbles, _, _, theory, _ = pipeline.measure(options, ["cpu:0", "cpu:1"], m, schedule)
             out[f"{schedule} {m}"] = {"samples": samples, "bubbles": bubbles, "theory": theory}
     return out
 

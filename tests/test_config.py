@@ -112,7 +112,7 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
     (
         "schedule",
         ("parallel.schedule=zigzag",),
-        "parallel.schedule: expected one of gpipe, 1f1b, got 'zigzag'",
+        "parallel.schedule: expected one of gpipe, 1f1b, zb1, zbh1, got 'zigzag'",
     ),
     (
         "sizes-too-few",

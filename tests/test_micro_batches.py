@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import actorflow as af
 import userfns
-from actorflow.compiler.schedules import crossing_stages, kept_for_backward
+from actorflow.compiler.schedules import crossing_stages, kept_for_backward, read_by_weight_grads
 from trace_checks import check_quotas_in_trace
 
 RNG = np.random.default_rng(11)
@@ -96,7 +96,7 @@ def assert_same_parameters(got, want, rtol=1e-6):
 # -- training equals the whole batch on one device ------------------------------------
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1"])
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 @pytest.mark.parametrize("m", [1, 2, 4])
 def test_pipelined_training_equals_the_whole_batch_on_one_device(m, optimizer, schedule):
@@ -321,7 +321,7 @@ def test_user_quotas_override_the_schedule():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"schedule": "zigzag", "stages": STAGES}, "schedule: one of gpipe, 1f1b, got 'zigzag'"),
+        ({"schedule": "zigzag", "stages": STAGES}, "schedule: one of gpipe, 1f1b, zb1, zbh1, got 'zigzag'"),
         ({"schedule": "1f1b"}, "a schedule needs stages"),
         ({"schedule": "1f1b", "stages": []}, "a schedule needs stages"),
         ({"schedule": "gpipe", "stages": ["cpu:0", "gpu:1"]}, r"stages: unknown device 'gpu:1'"),
@@ -488,7 +488,7 @@ def replicated_two_stage_mlp(rows, optimizer, stages):
 
 
 @pytest.mark.parametrize("fusion", [True, False])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1"])
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_two_stages_of_two_replicas_equal_one_device(optimizer, schedule, fusion):
     m = 2
@@ -514,8 +514,10 @@ def test_two_stages_of_two_replicas_equal_one_device(optimizer, schedule, fusion
     assert len([a for a in plan.actors if a.op == "accumulate"]) == len(
         [a for a in plan.actors if a.kind == "update"]
     )
+    held_for_w = {r.name for r in read_by_weight_grads(plan)} if schedule == "zb1" else set()
     for reg in kept_for_backward(plan):
-        assert reg.quota == (m if schedule == "gpipe" else 2 - stage_of(reg.device, stages)), reg.name
+        quota = 2 if reg.name in held_for_w else 2 - stage_of(reg.device, stages)
+        assert reg.quota == (m if schedule == "gpipe" else quota), reg.name
 
     got, outs = train(plan, step_feeds(m))
     want, want_outs = whole_batch(optimizer)

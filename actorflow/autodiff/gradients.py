@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from .. import ops
 from ..errors import GraphError
 from ..graph.builder import is_float
@@ -24,7 +26,8 @@ def gradients(
     ``y`` may be several tensors (say the partial losses of several devices): the
     gradients are then those of their sum, each weighted by ones. The backward ops go
     into y's graph, wherever this is called from; a tensor used several times gets its
-    gradients summed.
+    gradients summed. Backward ops that only the returned gradients need are marked
+    ``weight_grad`` (see ``_mark_weight_grads``).
     """
     ys = [y] if isinstance(y, Tensor) else list(y)
     if not ys or (dy is not None and len(ys) > 1):
@@ -34,16 +37,21 @@ def gradients(
         raise GraphError("gradients: y, xs and dy must belong to one graph")
     outer = graph.building_backward
     graph.building_backward = True
+    first = len(graph.nodes)
+    passed_on: set[int] = set()
     try:
         with graph:
-            return _gradients(graph, ys, xs, dy)
+            grads = _gradients(graph, ys, xs, dy, passed_on)
     finally:
         graph.building_backward = outer
+    _mark_weight_grads(graph, first, passed_on)
+    return grads
 
 
 def _gradients(
-    graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None
+    graph: Graph, ys: list[Tensor], xs: Sequence[Tensor], dy: Tensor | None, passed_on: set[int]
 ) -> list[Tensor | None]:
+    """``passed_on`` gets the nodes of the output gradients handed to a rule."""
     grads: dict[Ref, Tensor] = {}
     for y in ys:
         seed = ops.full(y.shape, 1.0, y.dtype, y.device) if dy is None else dy
@@ -71,10 +79,26 @@ def _gradients(
         if not any(is_float(t.dtype) for t in ins):
             continue
         outs = [graph.tensor((node.id, k)) for k in range(len(node.outputs))]
+        passed_on.update(d.node for d in douts if d is not None)
         for ref, d in zip(node.inputs, _checked(node, ins, fn(node, ins, outs, douts))):
             if d is not None and ref[0] in relevant:
                 grads[ref] = ops.add(grads[ref], d) if ref in grads else d
     return [grads.get((x.node, x.index)) for x in xs]
+
+
+def _mark_weight_grads(graph: Graph, first: int, passed_on: set[int]) -> None:
+    """Mark the backward nodes from ``first`` on that no output gradient handed to a rule
+    depends on: they compute only the requested gradients (dW = x.T @ dy, db = sum(dy)),
+    while the others (dx = dy @ W.T, the activations' gradients) carry the backward pass
+    on to earlier nodes and, across a pipeline, to the previous stage (zero-bubble
+    pipelines' W and B)."""
+    needed = set(passed_on)
+    for k in range(len(graph.nodes) - 1, first - 1, -1):
+        node = graph.nodes[k]
+        if node.id in needed:
+            needed.update(ref[0] for ref in node.inputs)
+        elif node.backward:
+            graph.nodes[k] = attrs.evolve(node, weight_grad=True)
 
 
 def _checked(node: Node, ins: list[Tensor], grads: Sequence[Tensor | None]) -> list[Tensor | None]:

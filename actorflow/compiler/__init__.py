@@ -27,7 +27,7 @@ from .ranks import Ranks, place_ranks, plan_devices, split_ranks
 from .registers import plan_registers
 from .resources import checked_resources, memory_limit
 from .reuse import reuse_communication, reuse_limit
-from .schedules import schedule_quotas
+from .schedules import ZERO_BUBBLE, schedule_quotas
 from .streams import assign_streams
 from .updates import order_updates
 
@@ -85,8 +85,9 @@ def compile(
 
     micro_batches: feeds per step: the graph is built for one micro-batch, and each
     update happens once per step, with gradients averaged over the step's micro-batches
-    (see ``micro_batches``); stages and schedule ("gpipe" or "1f1b"): the pipeline's
-    stages in order (a device or a list of devices each), so that the registers each
+    (see ``micro_batches``); stages and schedule ("gpipe", "1f1b", or "zb1", alias
+    "zbh1": ZB-H1, 1F1B with the weight gradients deferred): the pipeline's stages in
+    order (a device or a list of devices each), so that the registers each
     stage keeps for backward get the schedule's quota (see ``schedules``; ``quotas``
     still override them); the plan keeps the stages (``Plan.stages``) for its traces.
 
@@ -131,7 +132,7 @@ def compile(
         overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
     overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
     plan = plan_registers(plan, quota, overrides, memory_limit(limits))
-    plan = assign_priorities(plan, compute_first=priority)
+    plan = assign_priorities(plan, compute_first=priority, defer_weight_grads=schedule in ZERO_BUBBLE)
     return check(attrs.evolve(plan, overlap=overlap, resources=limits))
 
 

@@ -47,6 +47,7 @@ def expand(graph: Graph) -> Plan:
             group=group,
             where=node.where,
             backward=node.backward,
+            weight_grad=node.weight_grad,
         )
         actors.append(actor)
         return actor.id

@@ -212,6 +212,7 @@ def _fuse(plan: Plan, buckets: list[list[Collective]]) -> Plan:
                 where=head.where,
                 every=head.every,
                 backward=head.backward,
+                weight_grad=head.weight_grad,
             )
 
     actors: list[Actor] = []

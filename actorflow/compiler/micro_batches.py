@@ -49,6 +49,7 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
             outputs=(len(registers),),
             where=actors[reg.producer].where,
             backward=not producer_per_step,
+            weight_grad=not producer_per_step and actors[reg.producer].weight_grad,
         )
         actors.append(bridge)
         registers.append(

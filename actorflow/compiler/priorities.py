@@ -15,6 +15,11 @@ stage waits for before its own weight gradients); an actor launched early to wai
 collective's event goes last, so its wait can't hold up compute that could run
 meanwhile (one that gets the result at the collective's completion has nothing left to
 wait for, and keeps its place).
+
+With ``defer_weight_grads`` (the zero-bubble schedules), a weight-gradient actor
+(``Actor.weight_grad``) goes behind every other actor of its stream but those waiting on
+a collective: it runs only when no forward or input-gradient work can, filling the time
+the stage would otherwise wait.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from ..plan import Plan
 from .topology import data_edges, positions, unit_of
 
 
-def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
+def assign_priorities(plan: Plan, compute_first: bool = True, defer_weight_grads: bool = False) -> Plan:
     unit = unit_of(plan)
     position = positions(data_edges(plan))
     collective_streams = {s.id for s in plan.streams if s.kind == "collective"}
@@ -48,7 +53,8 @@ def assign_priorities(plan: Plan, compute_first: bool = True) -> Plan:
         compute = actor.stream not in collective_streams
         late = compute_first and compute and waits_on_collective(actor)
         early = compute_first and compute and another_device_waits(actor)
-        return (late, not early, -position[unit[actor.id]], actor.id)
+        deferred = defer_weight_grads and actor.weight_grad
+        return (late, deferred, not early, -position[unit[actor.id]], actor.id)
 
     rank = {a.id: k for k, a in enumerate(sorted(plan.actors, key=key))}
     actors = tuple(attrs.evolve(a, priority=rank[a.id]) for a in plan.actors)

@@ -146,6 +146,7 @@ class _Split:
                     id=first.id,
                     outputs=first.outputs,
                     backward=first.backward,
+                    weight_grad=first.weight_grad,
                 )
                 continue
             recv = self._add_actor(
@@ -193,6 +194,7 @@ def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: di
         where=producer.where,
         every=producer.every,
         backward=producer.backward,
+        weight_grad=producer.weight_grad,
     )
 
 

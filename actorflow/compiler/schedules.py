@@ -12,6 +12,17 @@ buffers too, unless kept for backward (those keep exactly m). A stage runs its m
 forward passes before it reads the gradients sent back, so those pile up; and a send
 that waits for a buffer is queued behind the work its stream was handed meanwhile, so
 the next stage would wait on it far longer than on the buffer.
+
+ZB-H1 ("zb1", alias "zbh1"; Qi et al., zero-bubble pipelines, arXiv 2401.10241) splits
+each backward pass into B, the input gradients the previous stage waits for, and W, the
+weight gradients nobody waits for (``Actor.weight_grad``, marked by autodiff). W goes
+behind every forward and B of its stream (``priorities``), so it runs when neither can:
+in the time 1F1B's stage would wait for the next gradient, and at the step's tail. What
+only B reads keeps 1F1B's p - s; what a W reads (a layer's input, the gradient it
+multiplies) is held until that W, for as many micro-batches as ZB-H1 keeps in flight on
+every stage: p for what the forward pass kept, and s + 1 (s deferred W, one being
+written) for what B makes, so no stage holds more than stage 0 holds under 1F1B. The
+step cannot end with a W undone: the updates read their gradients' sums.
 """
 
 from __future__ import annotations
@@ -21,25 +32,36 @@ from collections.abc import Sequence
 from ..errors import CompileError
 from ..plan import Plan
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "zb1", "zbh1")
+ZERO_BUBBLE = ("zb1", "zbh1")
 
 
 def schedule_quotas(
     plan: Plan, stages: Sequence[Sequence[str]], schedule: str, default: int
 ) -> dict[str, int]:
-    """Register name -> quota for every register a stage keeps for its backward pass, and
-    under GPipe for every register crossing stages (``default``: everyone else's quota)."""
+    """Register name -> quota for every register a stage keeps for its backward pass, under
+    GPipe for every register crossing stages, and under ZB-H1 for every register a W
+    reads (``default``: everyone else's quota)."""
     if schedule not in SCHEDULES:
         raise CompileError(f"schedule: one of {', '.join(SCHEDULES)}, got {schedule!r}")
     stage_of = {device: s for s, devices in enumerate(stages) for device in devices}
     m, p = plan.micro_batches, len(stages)
+
+    def stage(reg) -> int:
+        if reg.device not in stage_of:
+            raise CompileError(f"stages: {reg.name!r} lives on {reg.device}, which no stage lists")
+        return stage_of[reg.device]
+
     quotas: dict[str, int] = {}
     if schedule == "gpipe":
         quotas.update((reg.name, max(m, default)) for reg in crossing_stages(plan))
-    for reg in kept_for_backward(plan):
-        if reg.device not in stage_of:
-            raise CompileError(f"stages: {reg.name!r} lives on {reg.device}, which no stage lists")
-        quotas[reg.name] = m if schedule == "gpipe" else p - stage_of[reg.device]
+    kept = kept_for_backward(plan)
+    for reg in kept:
+        quotas[reg.name] = m if schedule == "gpipe" else p - stage(reg)
+    if schedule in ZERO_BUBBLE:
+        forward = {reg.name for reg in kept}
+        for reg in read_by_weight_grads(plan):
+            quotas[reg.name] = p if reg.name in forward else max(default, min(p, stage(reg) + 1))
     return quotas
 
 
@@ -53,6 +75,19 @@ def kept_for_backward(plan: Plan) -> list:
         and not plan.actors[reg.producer].backward
         and plan.actors[reg.producer].kind != "variable"
         and any(plan.actors[c.actor].backward for c in reg.consumers)
+    ]
+
+
+def read_by_weight_grads(plan: Plan) -> list:
+    """Registers a W actor (``Actor.weight_grad``) reads that a forward or B actor makes:
+    what deferring the W holds."""
+    return [
+        reg
+        for reg in plan.registers
+        if not reg.is_parameter
+        and not reg.control
+        and not plan.actors[reg.producer].weight_grad
+        and any(plan.actors[c.actor].weight_grad for c in reg.consumers)
     ]
 
 

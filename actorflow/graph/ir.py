@@ -20,7 +20,11 @@ class TensorMeta:
 
 @attrs.frozen
 class Node:
-    """One op application. ``inputs`` are (node id, output index) pairs; ``where`` is the user's line."""
+    """One op application. ``inputs`` are (node id, output index) pairs; ``where`` is the user's line.
+
+    ``backward``: built by autodiff; ``weight_grad``: a backward node only the gradients of
+    the requested xs (parameters) need, not the gradients autodiff passes on to earlier
+    nodes, so a pipeline stage may defer it (see ``autodiff.gradients``)."""
 
     id: int
     name: str
@@ -30,6 +34,7 @@ class Node:
     outputs: tuple[TensorMeta, ...]
     where: str
     backward: bool = False
+    weight_grad: bool = False
 
 
 @attrs.frozen
