@@ -140,7 +140,11 @@ class Actor:
     ``accumulate`` and an update). Where rates differ on an edge, a ``repeat`` actor
     keeps its input for m acts and an ``accumulate`` actor publishes its output every
     m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
-    autodiff (its activations' inputs are what pipeline schedules keep).
+    autodiff (its activations' inputs are what pipeline schedules keep). ``recompute``:
+    a forward actor marked by ``af.recompute``, or the backward copy the compiler's
+    ``recompute`` pass made of one (``NAME.recompute``), which the original's backward
+    readers read instead, so the original's outputs are free once the forward pass is
+    done with them.
     """
 
     id: int
@@ -158,6 +162,7 @@ class Actor:
     where: str = ""
     every: int = 1
     backward: bool = False
+    recompute: bool = False
     calls: int = 1
     """A participant of a reused communication subgraph acts ``calls`` times per
     iteration, once per call site in a fixed order: call k reads input k and writes the

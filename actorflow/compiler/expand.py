@@ -47,6 +47,7 @@ def expand(graph: Graph) -> Plan:
             group=group,
             where=node.where,
             backward=node.backward,
+            recompute=node.recompute,
         )
         actors.append(actor)
         return actor.id

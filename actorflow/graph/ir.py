@@ -20,7 +20,9 @@ class TensorMeta:
 
 @attrs.frozen
 class Node:
-    """One op application. ``inputs`` are (node id, output index) pairs; ``where`` is the user's line."""
+    """One op application. ``inputs`` are (node id, output index) pairs; ``where`` is the user's line.
+    ``recompute``: marked by ``af.recompute``: the backward pass reads a copy of its
+    outputs recomputed from its inputs, so they need not be kept."""
 
     id: int
     name: str
@@ -30,6 +32,7 @@ class Node:
     outputs: tuple[TensorMeta, ...]
     where: str
     backward: bool = False
+    recompute: bool = False
 
 
 @attrs.frozen(eq=False)
