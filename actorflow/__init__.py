@@ -26,7 +26,19 @@ from .errors import (
     StallError,
 )
 from .graph import Graph, Tensor
-from .parallel import B, GlobalTensor, P, S, box, gradients, minimize, output, parameter, placeholder
+from .parallel import (
+    B,
+    GlobalTensor,
+    P,
+    S,
+    box,
+    gradients,
+    minimize,
+    output,
+    parameter,
+    placeholder,
+    recompute,
+)
 from .plan import Plan
 from .runtime import Runtime, Session, run
 
@@ -57,5 +69,6 @@ __all__ = [
     "output",
     "parameter",
     "placeholder",
+    "recompute",
     "run",
 ]

@@ -87,18 +87,28 @@ class TrainConfig:
 @attrs.frozen(kw_only=True)
 class ParallelConfig:
     """stages[i] holds stage i's devices, one per data-parallel replica; partition, if
-    given, holds each stage's number of layers."""
+    given, holds each stage's number of layers; recompute: true to recompute every
+    stage's layers in the backward pass instead of keeping their activations
+    (``af.recompute``), or one flag per stage."""
 
     stages: tuple[Stage, ...]
     data_parallel: int = 1
     micro_batches: int = 1
     schedule: Literal["gpipe", "1f1b", "zb1", "zbh1"] = "1f1b"
     partition: tuple[int, ...] | None = None
+    recompute: bool | tuple[bool, ...] = False
 
     @property
     def devices(self) -> tuple[str, ...]:
         """Every device, stage-major: all of stage 0's replicas first."""
         return tuple(device for stage in self.stages for device in stage)
+
+    @property
+    def recomputed(self) -> tuple[bool, ...]:
+        """Per stage, whether its layers are recomputed."""
+        if isinstance(self.recompute, bool):
+            return (self.recompute,) * len(self.stages)
+        return self.recompute
 
 
 @attrs.frozen(kw_only=True)
@@ -380,6 +390,13 @@ def _make_converter() -> cattrs.Converter:
         raise TypeError(f"expected a device string or a list of them, got {_shown(value)}")
 
     converter.register_structure_hook(Stage, structure_stage)
+
+    def structure_flags(value: Any, _: Any) -> bool | tuple[bool, ...]:
+        if isinstance(value, list | tuple):
+            return converter.structure(value, tuple[bool, ...])
+        return _structure_bool(value, bool)
+
+    converter.register_structure_hook_func(lambda cls: cls == bool | tuple[bool, ...], structure_flags)
     return converter
 
 
@@ -434,6 +451,7 @@ def _check(config: Config) -> None:
     _check_batching(config)
     _check_stages(config.parallel, config.layers)
     _check_partition(config.parallel, config.layers)
+    _check_recompute(config.parallel)
 
 
 def _at_least(path: str, value: float, low: float) -> None:
@@ -553,4 +571,12 @@ def _check_partition(parallel: ParallelConfig, layers: int) -> None:
     if sum(partition) != layers:
         raise _fail(
             "parallel.partition", f"sums to {sum(partition)} but model.sizes has {_count(layers, 'layer')}"
+        )
+
+
+def _check_recompute(parallel: ParallelConfig) -> None:
+    flags, stages = parallel.recompute, len(parallel.stages)
+    if not isinstance(flags, bool) and len(flags) != stages:
+        raise _fail(
+            "parallel.recompute", f"expected true, false or one flag per stage ({stages}), got {list(flags)}"
         )

@@ -142,7 +142,11 @@ class Actor:
     m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
     autodiff (its activations' inputs are what pipeline schedules keep); ``weight_grad``:
     a backward actor that computes only weight gradients (the W of zero-bubble
-    pipelines), which no other stage waits for.
+    pipelines), which no other stage waits for; ``recompute``:
+    a forward actor marked by ``af.recompute``, or the backward copy the compiler's
+    ``recompute`` pass made of one (``NAME.recompute``), which the original's backward
+    readers read instead, so the original's outputs are free once the forward pass is
+    done with them.
     """
 
     id: int
@@ -161,6 +165,7 @@ class Actor:
     every: int = 1
     backward: bool = False
     weight_grad: bool = False
+    recompute: bool = False
     calls: int = 1
     """A participant of a reused communication subgraph acts ``calls`` times per
     iteration, once per call site in a fixed order: call k reads input k and writes the

@@ -24,6 +24,7 @@ from .micro_batches import split_micro_batches
 from .optimizer_shards import shard_optimizer
 from .priorities import assign_priorities
 from .ranks import Ranks, place_ranks, plan_devices, split_ranks
+from .recompute import recompute, recompute_quotas
 from .registers import plan_registers
 from .resources import checked_resources, memory_limit
 from .reuse import reuse_communication, reuse_limit
@@ -112,6 +113,7 @@ def compile(
     reuse = reuse_limit(comm_reuse)
     overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
+    plan = recompute(plan)
     plan = split_micro_batches(plan, micro_batches)
     plan, gathered = shard_optimizer(plan, graph.optimizer_shards)
     overrides = dict.fromkeys(gathered, 1) | overrides
@@ -130,6 +132,7 @@ def compile(
         plan = attrs.evolve(plan, stages=tuple(map(tuple, devices)))
     if schedule is not None:
         overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
+    overrides = recompute_quotas(plan) | overrides
     overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
     plan = plan_registers(plan, quota, overrides, memory_limit(limits))
     plan = assign_priorities(plan, compute_first=priority, defer_weight_grads=schedule in ZERO_BUBBLE)

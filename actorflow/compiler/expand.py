@@ -48,6 +48,7 @@ def expand(graph: Graph) -> Plan:
             where=node.where,
             backward=node.backward,
             weight_grad=node.weight_grad,
+            recompute=node.recompute,
         )
         actors.append(actor)
         return actor.id

@@ -24,7 +24,9 @@ class Node:
 
     ``backward``: built by autodiff; ``weight_grad``: a backward node only the gradients of
     the requested xs (parameters) need, not the gradients autodiff passes on to earlier
-    nodes, so a pipeline stage may defer it (see ``autodiff.gradients``)."""
+    nodes, so a pipeline stage may defer it (see ``autodiff.gradients``); ``recompute``:
+    marked by ``af.recompute``: the backward pass reads a copy of its outputs recomputed
+    from its inputs, so they need not be kept."""
 
     id: int
     name: str
@@ -35,6 +37,7 @@ class Node:
     where: str
     backward: bool = False
     weight_grad: bool = False
+    recompute: bool = False
 
 
 @attrs.frozen

@@ -4,6 +4,7 @@ that accept them."""
 from .boxing import box
 from .build import gradients, minimize, output, parameter, placeholder
 from .global_tensor import GlobalTensor
+from .recompute import recompute
 from .sbp import B, P, S
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "output",
     "parameter",
     "placeholder",
+    "recompute",
 ]

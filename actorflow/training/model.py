@@ -5,12 +5,14 @@ optimizer's updates."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .. import ops, optim
 from ..config import Config, OptimizerConfig
 from ..graph.ir import Graph
-from ..parallel import B, S, minimize, output, parameter, placeholder
+from ..parallel import B, S, minimize, output, parameter, placeholder, recompute
 
 ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh, "gelu": ops.gelu}
 
@@ -45,15 +47,16 @@ def build_graph(config: Config) -> Graph:
         h = placeholder("x", (rows, config.features), dtype, stages[0], sbp)
         labels = placeholder("labels", (rows,), "int64", stages[-1], sbp)
         layer = 0
-        for stage, count in zip(stages, config.stage_layers):
+        for stage, count, again in zip(stages, config.stage_layers, config.parallel.recomputed):
             h = ops.to_device(h, stage)  # type: ignore[arg-type]
-            for _ in range(count):
-                w = parameter(f"w{layer}", params[f"w{layer}"], stage, B if sbp else None)
-                b = parameter(f"b{layer}", params[f"b{layer}"], stage, B if sbp else None)
-                h = ops.bias_add(ops.matmul(h, w), b)  # type: ignore[arg-type]
-                if layer < config.layers - 1:
-                    h = activation(h)
-                layer += 1
+            with recompute() if again else contextlib.nullcontext():
+                for _ in range(count):
+                    w = parameter(f"w{layer}", params[f"w{layer}"], stage, B if sbp else None)
+                    b = parameter(f"b{layer}", params[f"b{layer}"], stage, B if sbp else None)
+                    h = ops.bias_add(ops.matmul(h, w), b)  # type: ignore[arg-type]
+                    if layer < config.layers - 1:
+                        h = activation(h)
+                    layer += 1
         loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
         spec = config.train.optimizer
         minimize(

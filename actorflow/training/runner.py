@@ -33,10 +33,12 @@ class RunResult:
     run's trace, ``TRACE_LIMIT``), so memory stays flat however long it runs; ``trace_note``:
     what the trace left out, if anything; ``peak_activations``: per stage, the most
     micro-batches whose kept-for-backward registers were held at once; ``activation_quotas``: per stage, the quota the
-    schedule gave those registers (the bound on ``peak_activations``); ``memory``:
-    planned bytes per device; ``held_memory``: per device, the bytes of the most buffers
-    each register held at once, summed (at least what was held at any one moment, at
-    most ``memory``), parameters included; ``handoff_share``: the part of the measured steps' critical
+    schedule gave those registers (the bound on ``peak_activations``); ``kept_bytes``:
+    per stage, the bytes of those registers held, each at its most (what recompute
+    lowers: see ``af.recompute``); ``memory``: planned bytes per device; ``held_memory``:
+    per device, the bytes of the most buffers each register held at once, summed (at
+    least what was held at any one moment, at most ``memory``), parameters included;
+    ``handoff_share``: the part of the measured steps' critical
     path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
     event waits and queueing: why a bubble is larger than the theory's; ``balanced``:
     per stage, the bubble with its measured busy time and none between kernels (uneven
@@ -53,6 +55,7 @@ class RunResult:
     peak_activations: list[int]
     activation_quotas: list[int]
     memory: dict[str, int]
+    kept_bytes: list[int]
     parameters: dict[str, np.ndarray]
     held_memory: dict[str, int] = attrs.Factory(dict)
     handoff_share: float = 0.0
@@ -122,6 +125,7 @@ def train(
     stages = config.parallel.stages
     p, m = len(stages), config.parallel.micro_batches
     peaks, quotas = kept_per_stage(plan, stats, stages)
+    kept = kept_bytes_per_stage(plan, stats, stages)
     # a rank other than 0 measures the stages whose first replica it holds
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     summary = summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine])
@@ -140,6 +144,7 @@ def train(
         balanced=balanced,
         peak_activations=peaks,
         activation_quotas=quotas,
+        kept_bytes=kept,
         memory=dict(plan.memory),
         held_memory=held_memory(plan, stats),
         parameters=parameters,
@@ -197,3 +202,16 @@ def kept_per_stage(
         peaks[k] = max(peaks[k], stats[reg.name]["max_held"])
         quotas[k] = max(quotas[k], reg.quota)
     return peaks, quotas
+
+
+def kept_bytes_per_stage(
+    plan: Plan, stats: dict[str, dict[str, int]], stages: tuple[tuple[str, ...], ...]
+) -> list[int]:
+    """Per stage, over the registers it keeps for backward: the sum of the most bytes each
+    held at once (``stats`` as in ``kept_per_stage``)."""
+    stage_of = {d: k for k, devices in enumerate(stages) for d in devices}
+    kept = [0] * len(stages)
+    for reg in kept_for_backward(plan):
+        if reg.name in stats:
+            kept[stage_of[reg.device]] += stats[reg.name]["max_held"] * reg.nbytes
+    return kept
