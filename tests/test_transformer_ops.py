@@ -12,7 +12,9 @@ import pytest
 
 import actorflow as af
 from test_gradients import check_gradients, rand
-from test_sbp_ops import close
+from test_sbp_ops import S0, S1, S2, B, Env, P, both, close
+
+S3 = af.S(3)
 
 
 def run(build, feeds):
@@ -331,3 +333,205 @@ def test_build_errors():
                 make()
             assert "\n" not in str(info.value)
             assert "test_transformer_ops.py" in str(info.value), message
+
+
+# -- SBP signatures: n devices against one ---------------------------------------------
+
+
+def param(env, name, shape, sbp):
+    """``env.param``, where P (of any rank) is a broadcast parameter boxed to P: the whole
+    on the first device, zeros on the others."""
+    if sbp != P:
+        return env.param(name, shape, sbp)
+    x = env.param(name, shape, B)
+    return af.box(x, P) if env.is_global else x
+
+
+# (ids' SBP, the table's SBP, the result's SBP, the forward pass's collectives)
+EMBEDDING_CASES = [
+    (S0, B, S0, set()),  # data parallel
+    (S1, B, S1, set()),
+    (B, S1, S2, set()),  # the embedding dim split
+    (B, B, B, set()),
+    (B, P, P, set()),  # linear in the table
+    (S0, S1, S2, {"all_gather"}),  # the ids gathered, the table kept
+    (S0, P, P, {"all_gather"}),
+    (S0, S0, S0, {"all_gather"}),  # vocab-parallel is not a signature: the table is gathered
+]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize(
+    "ids_sbp,table_sbp,out_sbp,needs", EMBEDDING_CASES, ids=[f"{a}-{b}" for a, b, *_ in EMBEDDING_CASES]
+)
+def test_embedding_sbp(ids_sbp, table_sbp, out_sbp, needs, n):
+    ids = ids_of((12, 12), 24, 50)
+
+    def model(env):
+        table = env.param("table", (24, 12), table_sbp)
+        y = af.ops.embedding(env.feed("ids", ids, ids_sbp), table)
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == out_sbp
+    assert r.outs["y"].shape == (12, 12, 12)
+    close(r.got["y"], r.values["table"][ids])
+    with af.Graph() as g:
+        env = Env(n)
+        af.output(
+            "y", af.ops.embedding(env.feed("ids", ids, ids_sbp), env.param("table", (24, 12), table_sbp))
+        )
+    forward = {c.op for c in af.compile(g).collectives}
+    assert forward == needs
+
+
+# (x's SBP, the normalized axis, gamma's SBP, the result's SBP)
+LAYER_NORM_SBP = [
+    (S0, -1, B, S0),
+    (S1, -1, B, S1),
+    (S2, 1, B, S2),
+    (S0, 2, S0, S0),  # a split gamma is gathered
+    (S2, -1, B, B),  # split along the normalized axis: gathered first
+    (B, -1, B, B),
+    (P, -1, B, B),
+]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize(
+    "x_sbp,axis,g_sbp,out_sbp", LAYER_NORM_SBP, ids=[f"{x}-{a}-{g}" for x, a, g, _ in LAYER_NORM_SBP]
+)
+def test_layer_norm_sbp(x_sbp, axis, g_sbp, out_sbp, n):
+    def model(env):
+        x = param(env, "x", (12, 12, 24), x_sbp)
+        size = (12, 12, 24)[axis]
+        y = af.ops.layer_norm(x, env.param("g", (size,), g_sbp), env.param("b", (size,), B), axis)
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == out_sbp
+    v = r.values
+    close(r.got["y"], np_layer_norm(v["x"], v["g"], v["b"], axis))
+    if out_sbp == x_sbp and g_sbp == B:
+        # the backward pass's all-reduces of the gamma and beta gradients only
+        assert all("all_reduce" in op for op in r.collectives)
+        with af.Graph() as g:
+            env = Env(n)
+            size = (12, 12, 24)[axis]
+            gb = env.param("g", (size,), B), env.param("b", (size,), B)
+            af.output("y", af.ops.layer_norm(env.param("x", (12, 12, 24), x_sbp), *gb, axis))
+        assert af.compile(g).collectives == ()
+
+
+# (x's shape, SBP, the result's SBP)
+CAUSAL_SBP = [
+    ((12, 12, 12), S0, S0),  # batch split
+    ((12, 12, 6, 6), S1, S1),  # heads split
+    ((12, 12, 6, 6), S0, S0),
+    ((12, 12, 12), S1, B),  # queries split: gathered
+    ((12, 12, 12), S2, B),
+    ((12, 12, 12), B, B),
+    ((12, 12, 12), P, B),
+]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("shape,sbp,out_sbp", CAUSAL_SBP, ids=[f"{len(s)}d-{x}" for s, x, _ in CAUSAL_SBP])
+def test_causal_softmax_sbp(shape, sbp, out_sbp, n):
+    def model(env):
+        y = af.ops.causal_softmax(param(env, "x", shape, sbp))
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == out_sbp
+    close(r.got["y"], np_causal_softmax(r.values["x"]))
+    if out_sbp == sbp:
+        assert r.collectives == set()
+
+
+# (a's shape and SBP, b's shape and SBP, transpose_b, the result's SBP, the forward
+# pass's collectives); q, k, v are [batch, heads, seq, head_dim]
+Q, SCORES = (12, 12, 6, 12), (12, 12, 6, 6)
+BATCHED_SBP = [
+    (Q, S1, Q, S1, True, S1, set()),  # heads split: Megatron attention, q @ k^T
+    (SCORES, S1, Q, S1, False, S1, set()),  # probs @ v
+    (Q, S0, Q, S0, True, S0, set()),  # batch split
+    (Q, S1, Q, B, True, S1, set()),  # k sliced to its heads
+    (Q, B, Q, S1, True, S1, set()),
+    (Q, S2, Q, B, True, S2, set()),  # a's rows
+    (Q, B, Q, S2, True, S3, set()),  # k^T's columns
+    (Q, S3, Q, S3, True, P, set()),  # the contracted head dim
+    (Q, S0, (12, 24), B, False, S0, set()),  # a 2-D weight
+    (Q, S1, (12, 6, 12), B, True, S1, set()),  # a 3-D b whose batch axis lines up with heads
+    (Q, S0, (12, 6, 12), B, True, S0, set()),  # ... and broadcasts along the batch
+    (Q, S1, Q, S0, True, S1, {"all_to_all"}),  # mismatched batch splits: b re-split
+    (Q, S3, Q, B, True, B, {"all_gather"}),  # contracted split alone: gathered
+    (Q, S2, (12, 12, 12, 6), S2, False, S2, {"all_gather"}),  # b's contracted split is gathered
+]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize(
+    "sa,a_sbp,sb,b_sbp,tb,out_sbp,needs",
+    BATCHED_SBP,
+    ids=[f"{a}{list(sa)}x{b}{list(sb)}{'T' if t else ''}" for sa, a, sb, b, t, *_ in BATCHED_SBP],
+)
+def test_batched_matmul_sbp(sa, a_sbp, sb, b_sbp, tb, out_sbp, needs, n):
+    def model(env):
+        y = af.ops.matmul(env.param("a", sa, a_sbp), env.param("b", sb, b_sbp), transpose_b=tb)
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    assert r.outs["y"].sbp == out_sbp
+    a, b = r.values["a"], r.values["b"]
+    want = a @ (np.swapaxes(b, -1, -2) if tb else b)
+    assert r.outs["y"].shape == want.shape
+    close(r.got["y"], want)
+    with af.Graph() as g:
+        env = Env(n)
+        af.output("y", af.ops.matmul(env.param("a", sa, a_sbp), env.param("b", sb, b_sbp), transpose_b=tb))
+    assert {c.op for c in af.compile(g).collectives} == needs
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("partial", ["a", "b"])
+def test_batched_matmul_partial_beside_broadcast(partial, n):
+    def model(env):
+        a = param(env, "a", (12, 4, 6, 12), P if partial == "a" else B)
+        b = param(env, "b", (12, 4, 12, 6), P if partial == "b" else B)
+        y = af.ops.matmul(a, b)
+        if env.is_global:
+            assert y.sbp == P
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    close(r.got["y"], r.values["a"] @ r.values["b"])
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_attention_with_heads_split(n):
+    """Megatron attention: per-head projections [h, d, hd] split by heads (S(0)) turn the
+    broadcast x [b, 1, s, d] into q, k, v [b, h, s, hd] split by heads (S(1)); scores,
+    causal softmax and mixing stay local; the output projection [h, hd, d], split the
+    same, gives per-head outputs whose sum over heads is P: one all-reduce, in the layer
+    norm, and the backward pass's for the broadcast x and layer-norm parameters."""
+    b, s, heads, hd, d = 4, 6, 4, 3, 12
+
+    def model(env):
+        x = af.ops.reshape(env.param("x", (b, s, d), B), (b, 1, s, d))
+        q, k, v = (af.ops.matmul(x, env.param(w, (heads, d, hd), S0)) for w in ("wq", "wk", "wv"))
+        p = af.ops.causal_softmax(af.ops.matmul(q, k, transpose_b=True))
+        per_head = af.ops.matmul(af.ops.matmul(p, v), env.param("wo", (heads, hd, d), S0))
+        mixed = af.ops.sum(per_head, axis=1)
+        y = af.ops.layer_norm(mixed, env.param("g", (d,), B), env.param("bt", (d,), B))
+        if env.is_global:
+            assert (q.sbp, p.sbp, per_head.sbp, mixed.sbp, y.sbp) == (S1, S1, S1, P, B)
+        return {"y": y, "loss": env.weighted_sum(y)}
+
+    r = both(model, n)
+    v = r.values
+    x = v["x"][:, None]
+    q, k, vv = (x @ v[w] for w in ("wq", "wk", "wv"))
+    p = np_causal_softmax(q @ k.swapaxes(-1, -2))
+    close(r.got["y"], np_layer_norm((p @ vv @ v["wo"]).sum(axis=1), v["g"], v["bt"]))
+    assert r.reduces and all("all_reduce" in op for op in r.collectives)
