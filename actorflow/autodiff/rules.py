@@ -225,6 +225,27 @@ def _all_to_all(node, ins, outs, douts):
     return ops.all_to_all(_zeros_for_none(douts, outs), split_axis=concat_axis, concat_axis=split_axis)
 
 
+# -- transformer ops ---------------------------------------------------------------------
+
+
+@rule("embedding")
+def _embedding(node, ins, outs, douts):
+    ids, table = ins
+    return [None, ops.embedding_grad(douts[0], ids, table.shape[0])]
+
+
+@rule("layer_norm")
+def _layer_norm(node, ins, outs, douts):
+    x, gamma, _ = ins
+    return list(ops.layer_norm_grad(douts[0], x, gamma, node.attrs["axis"], node.attrs["eps"]))
+
+
+@rule("causal_softmax")
+def _causal_softmax(node, ins, outs, douts):
+    # The masked probabilities are exactly 0, so softmax's gradient gives them none.
+    return [ops.softmax_grad(douts[0], outs[0], -1)]
+
+
 # -- losses ------------------------------------------------------------------------------
 
 

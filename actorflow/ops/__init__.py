@@ -40,6 +40,7 @@ from .gradient_ops import (
 from .losses import mse_loss, mse_loss_grad, softmax_cross_entropy, softmax_cross_entropy_grad
 from .movement import to_device
 from .registry import OpDef, lookup
+from .transformer import causal_softmax, embedding, embedding_grad, layer_norm, layer_norm_grad
 
 sum = reduce_sum
 mean = reduce_mean
@@ -56,13 +57,18 @@ __all__ = [
     "broadcast",
     "broadcast_to",
     "call",
+    "causal_softmax",
     "concat",
     "div",
+    "embedding",
+    "embedding_grad",
     "equal_mask",
     "exp",
     "full",
     "gelu",
     "gelu_grad",
+    "layer_norm",
+    "layer_norm_grad",
     "log",
     "lookup",
     "matmul",

@@ -6,9 +6,20 @@ Signatures (S = split, B = broadcast, P = partial sum):
 - elementwise: all S(a) -> S(a), all B -> B; a B operand beside an S(a) one is sliced
   (unless it broadcasts along a); add and sub: P, P -> P; mul and div: P with B -> P;
   nonlinear ops box P to B first;
-- matmul: S(0) x B -> S(0), B x S(1) -> S(1), S(1) x S(0) -> P, P x B -> P, B x P -> P;
+- matmul (of any rank, either operand transposed): a's rows split x B -> S(rows),
+  B x b's columns split -> S(columns), S(k) x S(k) on the contracted axis -> P,
+  P x B -> P, B x P -> P, both split on one batch axis -> S(it), a batch-split operand
+  beside a B one -> S(it) (the B one sliced where it spans that axis); 2-D: S(0) x B ->
+  S(0), B x S(1) -> S(1), S(1) x S(0) -> P;
 - bias_add: x's SBP with a broadcast bias (sliced along x's split when that is the
-  bias's axis; a bias split that way already stays); scale (by a constant) keeps any SBP; softmax along an axis other than the split one keeps S;
+  bias's axis; a bias split that way already stays); scale (by a constant) keeps any
+  SBP; softmax along an axis other than the split one keeps S;
+- causal_softmax: S along a batch or heads axis (not the last two) stays S;
+- layer_norm: x split along an axis other than the normalized one, with gamma and beta
+  broadcast, stays split;
+- embedding: ids S(a) (or B) with the table B -> S(a) (or B); the table S(1) (the
+  embedding dim) with ids B -> S(last); the table P with ids B -> P (the lookup is linear
+  in the table); a vocab-split table S(0) is gathered to B first;
 - sum and mean over the split axis: S -> P (a mean scaled by 1/n); over other axes S
   stays S; P stays P; max boxes P and split-axis S to B;
 - losses with the batch split, S(0) x S(0): P (each device's mean scaled by 1/n);
@@ -156,25 +167,55 @@ def _binary(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     return _run(op, (box(a, B), box(b, B), *args[2:]), kwargs, B)
 
 
+def _matmul_role(x: GlobalTensor, out_ndim: int, transposed: bool, left: bool) -> int | str | None:
+    """What ``x``'s split axis is to the product: an output batch axis (an int), "m" or
+    "n" (the product's rows or columns), "k" (contracted), or None if x is not split."""
+    if not isinstance(x.sbp, Split):
+        return None
+    axis = x.sbp.axis
+    if axis < x.ndim - 2:
+        return axis + out_ndim - x.ndim
+    last_is_k = left != transposed  # a is [..., m, k], b [..., k, n], unless transposed
+    return "k" if (axis == x.ndim - 1) == last_is_k else ("m" if left else "n")
+
+
 def _matmul(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    """Split batch dims line up (heads split, Megatron attention): S(j) x S(j) -> S(j),
+    and a split operand beside a broadcast one keeps its split when it is a batch axis,
+    a's rows or b's columns; the other operand is sliced along a batch axis it spans.
+    Both split along k: P. A partial operand beside a broadcast one: P."""
     a, b = args
-    if a.ndim != 2 or b.ndim != 2 or kwargs.get("transpose_a") or kwargs.get("transpose_b"):
-        return _on_broadcast(op, args, kwargs)
-    pairs: dict[tuple[SBP, SBP], SBP] = {
-        (S(0), B): S(0),
-        (B, S(1)): S(1),
-        (S(1), S(0)): P,
-        (P, B): P,
-        (B, P): P,
-        (B, B): B,
-    }
-    if (a.sbp, b.sbp) in pairs:
-        return _run(op, args, kwargs, pairs[(a.sbp, b.sbp)])
-    if a.sbp == S(0):
-        return _run(op, (a, box(b, B)), kwargs, S(0))
-    if b.sbp == S(1):
-        return _run(op, (box(a, B), b), kwargs, S(1))
+    if isinstance(a.sbp, Partial) or isinstance(b.sbp, Partial):
+        if (a.sbp, b.sbp) in ((P, B), (B, P)):
+            return _run(op, args, kwargs, P)
+        a = box(a, B) if isinstance(a.sbp, Partial) else a
+        b = box(b, B) if isinstance(b.sbp, Partial) else b
+    out_ndim = max(a.ndim, b.ndim)
+    ra = _matmul_role(a, out_ndim, bool(kwargs.get("transpose_a")), left=True)
+    rb = _matmul_role(b, out_ndim, bool(kwargs.get("transpose_b")), left=False)
+    if ra == rb == "k":
+        return _run(op, (a, b), kwargs, P)
+    if isinstance(ra, int) and ra == rb:
+        return _run(op, (a, b), kwargs, S(ra))
+    if ra is not None and ra not in ("k", "n"):
+        return _run(op, (a, _matmul_fit(b, ra, out_ndim)), kwargs, _matmul_sbp(ra, out_ndim))
+    if rb is not None and rb not in ("k", "m"):
+        return _run(op, (_matmul_fit(a, rb, out_ndim), b), kwargs, _matmul_sbp(rb, out_ndim))
     return _run(op, (box(a, B), box(b, B)), kwargs, B)
+
+
+def _matmul_sbp(role: int | str, out_ndim: int) -> SBP:
+    return S(role if isinstance(role, int) else out_ndim - (2 if role == "m" else 1))
+
+
+def _matmul_fit(other: GlobalTensor, role: int | str, out_ndim: int) -> GlobalTensor:
+    """The operand beside a kept split: sliced along that batch axis if it spans it,
+    else whole."""
+    if isinstance(role, int):
+        k = _split_axis_of(out_ndim, other.shape, role)
+        if k is not None:
+            return box(other, S(k))
+    return box(other, B)
 
 
 def _bias_add(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
@@ -193,6 +234,32 @@ def _softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
     if isinstance(x.sbp, Partial) or x.sbp == S(axis):
         x = box(x, B)
     return _run(op, (x, *args[1:]), kwargs, x.sbp)
+
+
+def _layer_norm(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    x, gamma, beta, axis = args[:4]
+    if not isinstance(axis, int) or not -x.ndim <= axis < x.ndim:
+        return _on_broadcast(op, args, kwargs)  # the op names the bad axis
+    if isinstance(x.sbp, Partial) or x.sbp == S(axis % x.ndim):
+        x = box(x, B)
+    return _run(op, (x, box(gamma, B), box(beta, B), *args[3:]), kwargs, x.sbp)
+
+
+def _causal_softmax(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    (x,) = args
+    if not (isinstance(x.sbp, Split) and x.sbp.axis < x.ndim - 2):
+        x = box(x, B)
+    return _run(op, (x,), kwargs, x.sbp)
+
+
+def _embedding(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
+    ids, table = args
+    if isinstance(table.sbp, Partial):
+        return _run(op, (box(ids, B), table), kwargs, P)
+    if table.sbp == S(1):
+        return _run(op, (box(ids, B), table), kwargs, S(ids.ndim))
+    ids = box(ids, B) if isinstance(ids.sbp, Partial) else ids
+    return _run(op, (ids, box(table, B)), kwargs, ids.sbp)
 
 
 def _reduce(op: Callable, args: tuple, kwargs: dict) -> GlobalTensor:
@@ -275,6 +342,9 @@ _RULES: dict[str, Rule] = {
     "matmul": _matmul,
     "bias_add": _bias_add,
     "softmax": _softmax,
+    "causal_softmax": _causal_softmax,
+    "layer_norm": _layer_norm,
+    "embedding": _embedding,
     "reduce_sum": _reduce,
     "reduce_mean": _reduce,
     "reduce_max": _reduce,

@@ -1,0 +1,93 @@
+"""Kernels of the transformer ops and their backward ops (same contract as ``kernels``)."""
+
+import functools
+
+import numpy as np
+
+from .kernels import softmax
+
+
+def _check_ids(ids, vocab):
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        bad = ids[(ids < 0) | (ids >= vocab)]
+        raise ValueError(f"embedding: ids must be rows of the table, in [0, {vocab}), got {bad[:5].tolist()}")
+
+
+def embedding(ins, outs):
+    """Row ``ids[...]`` of the table at each position (ids checked first, so the gather
+    itself need not check, nor buffer its output)."""
+    ids, table = ins
+    _check_ids(ids, table.shape[0])
+    np.take(table, ids, axis=0, out=outs[0], mode="clip")
+
+
+def embedding_grad(ins, outs):
+    """The table's gradient: each position's dy added into its id's row (ids repeat)."""
+    dy, ids = ins
+    out = outs[0]
+    _check_ids(ids, out.shape[0])
+    out.fill(0)
+    np.add.at(out, ids.reshape(-1), dy.reshape(-1, out.shape[1]))
+
+
+def _along(v, axis, ndim):
+    """A 1-D ``v`` shaped to broadcast along ``axis`` of an ``ndim``-dim tensor."""
+    return v.reshape([-1 if k == axis else 1 for k in range(ndim)])
+
+
+def _normalize(x, axis, eps, out):
+    """(x - mean) / sqrt(var + eps) along ``axis`` into ``out``; returns 1 / sqrt(var + eps)."""
+    np.subtract(x, x.mean(axis=axis, keepdims=True), out=out)
+    rstd = np.mean(np.square(out), axis=axis, keepdims=True)
+    rstd += eps
+    np.sqrt(rstd, out=rstd)
+    np.reciprocal(rstd, out=rstd)
+    out *= rstd
+    return rstd
+
+
+def layer_norm(ins, outs, axis, eps):
+    x, gamma, beta = ins
+    out = outs[0]
+    _normalize(x, axis, eps, out)
+    out *= _along(gamma, axis, x.ndim)
+    out += _along(beta, axis, x.ndim)
+
+
+def layer_norm_grad(ins, outs, axis, eps):
+    """With xhat the normalized x and g = dy * gamma (the statistics recomputed from x):
+    dx = rstd (g - mean(g) - xhat mean(g xhat)), dgamma = sum(dy xhat), dbeta = sum(dy),
+    means along ``axis``, sums over the other axes."""
+    dy, x, gamma = ins
+    dx, dgamma, dbeta = outs
+    others = tuple(k for k in range(x.ndim) if k != axis)
+    gamma = _along(gamma, axis, x.ndim)
+    xhat = np.empty_like(x)
+    rstd = _normalize(x, axis, eps, xhat)
+    t = np.multiply(dy, xhat)
+    np.sum(t, axis=others, out=dgamma)
+    np.sum(dy, axis=others, out=dbeta)
+    t *= gamma
+    mean_g_xhat = t.mean(axis=axis, keepdims=True)
+    np.multiply(dy, gamma, out=dx)
+    dx -= dx.mean(axis=axis, keepdims=True)
+    xhat *= mean_g_xhat
+    dx -= xhat
+    dx *= rstd
+
+
+@functools.cache
+def _future(s):
+    """True where key j comes after query i (j > i): what row i may not see."""
+    mask = np.triu(np.ones((s, s), dtype=np.bool_), k=1)
+    mask.flags.writeable = False
+    return mask
+
+
+def causal_softmax(ins, outs):
+    """Softmax along the last axis with the future masked to -inf: exp gives exact zeros
+    there, and the diagonal keeps every row's maximum finite."""
+    out = outs[0]
+    np.copyto(out, ins[0])
+    np.copyto(out, -np.inf, where=_future(out.shape[-1]))
+    softmax([out], [out], axis=-1)
