@@ -228,7 +228,7 @@ def _run(config, args) -> int:
 
     try:
         result = train(config, on_step, trace)
-    except CompileError as err:
+    except (CompileError, ConfigError) as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
     finally:

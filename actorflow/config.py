@@ -44,19 +44,34 @@ device string, which becomes a 1-tuple."""
 
 @attrs.frozen(kw_only=True)
 class ModelConfig:
-    """An MLP with one dense layer between each pair of neighbouring sizes."""
+    """mlp: one dense layer between each pair of neighbouring sizes, with activation.
+    transformer: a decoder-only (GPT) character model: token and position embeddings,
+    ``layers`` blocks of causal self-attention (``heads`` heads) and a GELU MLP (4 x
+    d_model wide), each behind a layer norm with a residual, a final layer norm and a
+    projection onto the ``vocab`` characters, over sequences of ``seq_len``."""
 
-    kind: Literal["mlp"] = "mlp"
-    sizes: tuple[int, ...]
+    kind: Literal["mlp", "transformer"] = "mlp"
+    sizes: tuple[int, ...] = ()
     activation: Literal["relu", "tanh", "gelu"] = "relu"
+    vocab: int = 0
+    d_model: int = 0
+    heads: int = 0
+    layers: int = 0
+    seq_len: int = 0
     dtype: Literal["float32", "float64"] = "float32"
 
 
 @attrs.frozen(kw_only=True)
 class DataConfig:
-    kind: Literal["synthetic_classification"] = "synthetic_classification"
+    """synthetic_classification (for the mlp): samples from a random linear teacher;
+    text (for the transformer): samples windows of model.seq_len + 1 characters of the
+    UTF-8 file at ``path`` (default: the short text shipped with actorflow), each
+    character predicting the next."""
+
+    kind: Literal["synthetic_classification", "text"] = "synthetic_classification"
     samples: int
     seed: int = 0
+    path: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -86,13 +101,15 @@ class TrainConfig:
 
 @attrs.frozen(kw_only=True)
 class ParallelConfig:
-    """stages[i] holds stage i's devices, one per data-parallel replica; partition, if
-    given, holds each stage's number of layers; recompute: true to recompute every
+    """stages[i] holds stage i's devices, data_parallel x tensor_parallel of them (each
+    tensor-parallel group k consecutive devices); partition, if given, holds each
+    stage's number of layers (transformer blocks); recompute: true to recompute every
     stage's layers in the backward pass instead of keeping their activations
     (``af.recompute``), or one flag per stage."""
 
     stages: tuple[Stage, ...]
     data_parallel: int = 1
+    tensor_parallel: int = 1
     micro_batches: int = 1
     schedule: Literal["gpipe", "1f1b", "zb1", "zbh1"] = "1f1b"
     partition: tuple[int, ...] | None = None
@@ -153,7 +170,8 @@ class Config:
 
     @property
     def layers(self) -> int:
-        return len(self.model.sizes) - 1
+        """Dense layers of the mlp, blocks of the transformer: what stages split."""
+        return self.model.layers if self.model.kind == "transformer" else len(self.model.sizes) - 1
 
     @property
     def features(self) -> int:
@@ -180,6 +198,8 @@ class Config:
         and of the input for every layer but the first."""
         if self.parallel.partition is not None:
             return self.parallel.partition
+        if self.model.kind == "transformer":
+            return balanced([1] * self.layers, len(self.parallel.stages))
         sizes = self.model.sizes
         costs = [a * b * (2 if k == 0 else 3) for k, (a, b) in enumerate(zip(sizes, sizes[1:]))]
         return balanced(costs, len(self.parallel.stages))
@@ -447,10 +467,11 @@ def _as_config_error(path: str, err: BaseException) -> ConfigError:
 def _check(config: Config) -> None:
     """Values first, section by section; then the rules that tie sections together."""
     _check_values(config)
+    _check_data(config)
     _check_optimizer(config.train.optimizer)
     _check_batching(config)
-    _check_stages(config.parallel, config.layers)
-    _check_partition(config.parallel, config.layers)
+    _check_stages(config)
+    _check_partition(config)
     _check_recompute(config.parallel)
 
 
@@ -477,10 +498,7 @@ def _check_values(config: Config) -> None:
         config.parallel,
         config.runtime,
     )
-    if len(model.sizes) < 2:
-        raise _fail("model.sizes", f"expected at least 2 sizes (input and output), got {list(model.sizes)}")
-    for i, size in enumerate(model.sizes):
-        _at_least(f"model.sizes[{i}]", size, 1)
+    _check_model(model)
     _at_least("data.samples", data.samples, 1)
     _at_least("data.seed", data.seed, 0)
     _at_least("train.steps", train.steps, 1)
@@ -497,6 +515,7 @@ def _check_values(config: Config) -> None:
         )
     _at_least("train.log_every", train.log_every, 1)
     _at_least("parallel.data_parallel", parallel.data_parallel, 1)
+    _at_least("parallel.tensor_parallel", parallel.tensor_parallel, 1)
     _at_least("parallel.micro_batches", parallel.micro_batches, 1)
     for i, layers in enumerate(parallel.partition or ()):
         _at_least(f"parallel.partition[{i}]", layers, 1)
@@ -508,6 +527,42 @@ def _check_values(config: Config) -> None:
         _at_least(f"runtime.{name}", getattr(runtime, name), 1)
     if runtime.max_memory is not None:
         _at_least("runtime.max_memory", runtime.max_memory, 1)
+
+
+_MODEL_FIELDS = {
+    "mlp": ("sizes", "activation"),
+    "transformer": ("vocab", "d_model", "heads", "layers", "seq_len"),
+}
+
+
+def _check_model(model: ModelConfig) -> None:
+    for kind, names in _MODEL_FIELDS.items():
+        for name in names:
+            field = attrs.fields_dict(ModelConfig)[name]
+            if kind != model.kind and getattr(model, name) != field.default:
+                raise _fail(f"model.{name}", f"only {kind} uses {name}, but model.kind is {model.kind}")
+    if model.kind == "mlp":
+        if len(model.sizes) < 2:
+            raise _fail(
+                "model.sizes", f"expected at least 2 sizes (input and output), got {list(model.sizes)}"
+            )
+        for i, size in enumerate(model.sizes):
+            _at_least(f"model.sizes[{i}]", size, 1)
+        return
+    for name in _MODEL_FIELDS["transformer"]:
+        if getattr(model, name) == 0:
+            raise _fail(f"model.{name}", "required for model.kind transformer")
+        _at_least(f"model.{name}", getattr(model, name), 1)
+    if model.d_model % model.heads:
+        raise _fail("model.heads", f"{model.heads} does not divide model.d_model {model.d_model}")
+
+
+def _check_data(config: Config) -> None:
+    wanted = "text" if config.model.kind == "transformer" else "synthetic_classification"
+    if config.data.kind != wanted:
+        raise _fail("data.kind", f"model.kind {config.model.kind} trains on {wanted}, got {config.data.kind}")
+    if config.data.path is not None and config.data.kind != "text":
+        raise _fail("data.path", "only text data reads a file")
 
 
 _USED_ONLY_BY = {"momentum": "sgd", "beta1": "adam", "beta2": "adam", "eps": "adam"}
@@ -540,20 +595,38 @@ def _check_batching(config: Config) -> None:
         )
 
 
-def _check_stages(parallel: ParallelConfig, layers: int) -> None:
-    stages, replicas = parallel.stages, parallel.data_parallel
+def _check_stages(config: Config) -> None:
+    parallel, layers = config.parallel, config.layers
+    stages, replicas, tp = parallel.stages, parallel.data_parallel, parallel.tensor_parallel
     if not stages:
         raise _fail("parallel.stages", "expected at least one stage")
     if len(stages) > layers:
         raise _fail(
-            "parallel.stages", f"{len(stages)} stages but model.sizes has only {_count(layers, 'layer')}"
+            "parallel.stages",
+            f"{len(stages)} stages but {_layers_of(config)} has only {_count(layers, 'layer')}",
         )
-    wanted = "one device" if replicas == 1 else f"a list of {replicas} devices, one per replica"
+    if tp > 1 and config.model.kind != "transformer":
+        raise _fail("parallel.tensor_parallel", "only the transformer model splits its layers over devices")
+    if tp > 1 and replicas > 1:
+        raise _fail(
+            "parallel.tensor_parallel",
+            "tensor and data parallelism at once need a 2-D device mesh, which actorflow has not yet",
+        )
+    if config.model.heads % tp:
+        raise _fail("parallel.tensor_parallel", f"{tp} does not divide model.heads {config.model.heads}")
+    per_stage = replicas * tp
+    if per_stage == 1:
+        wanted = "one device"
+    elif tp == 1:
+        wanted = f"a list of {replicas} devices, one per replica"
+    else:
+        wanted = f"a list of {per_stage} devices, one per tensor-parallel part"
     first_use: dict[str, int] = {}
     for i, stage in enumerate(stages):
         path = f"parallel.stages[{i}]"
-        if len(stage) != replicas:
-            raise _fail(path, f"expected {wanted} (parallel.data_parallel is {replicas}), got {list(stage)}")
+        if len(stage) != per_stage:
+            counts = f"parallel.data_parallel is {replicas}" + (f", tensor_parallel {tp}" if tp > 1 else "")
+            raise _fail(path, f"expected {wanted} ({counts}), got {list(stage)}")
         for device in stage:
             if device in first_use:
                 raise _fail(
@@ -562,15 +635,20 @@ def _check_stages(parallel: ParallelConfig, layers: int) -> None:
             first_use[device] = i
 
 
-def _check_partition(parallel: ParallelConfig, layers: int) -> None:
-    partition, stages = parallel.partition, len(parallel.stages)
+def _layers_of(config: Config) -> str:
+    return "model.layers" if config.model.kind == "transformer" else "model.sizes"
+
+
+def _check_partition(config: Config) -> None:
+    partition, stages, layers = config.parallel.partition, len(config.parallel.stages), config.layers
     if partition is None:
         return
     if len(partition) != stages:
         raise _fail("parallel.partition", f"expected one entry per stage ({stages}), got {list(partition)}")
     if sum(partition) != layers:
         raise _fail(
-            "parallel.partition", f"sums to {sum(partition)} but model.sizes has {_count(layers, 'layer')}"
+            "parallel.partition",
+            f"sums to {sum(partition)} but {_layers_of(config)} has {_count(layers, 'layer')}",
         )
 
 

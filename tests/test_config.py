@@ -97,7 +97,7 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
     ("list-from-int", ("model.sizes=64",), "model.sizes: expected a list, got 64"),
     ("list-from-str", ("parallel.stages=cpu:0",), "parallel.stages: expected a list, got 'cpu:0'"),
     ("list-entry", ("model.sizes=[64, x, 10]",), "model.sizes[1]: expected an integer, got 'x'"),
-    ("model-kind", ("model.kind=cnn",), "model.kind: expected one of mlp, got 'cnn'"),
+    ("model-kind", ("model.kind=cnn",), "model.kind: expected one of mlp, transformer, got 'cnn'"),
     (
         "activation",
         ("model.activation=sigmoid",),

@@ -16,7 +16,7 @@ from actorflow.runtime import Runtime
 from actorflow.trace import STEP, WAIT, Recorder, parse_iterations, summarize
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
-from actorflow.training.data import step_feeds, synthetic_classification
+from actorflow.training.data import dataset, step_feeds
 from actorflow.training.runner import local_feeds
 
 MS = 1e-3
@@ -432,7 +432,7 @@ def test_every_span_of_a_pipelined_run_carries_its_stage_rank_and_phase():
     plan = compile_config(config)
     assert plan.stages == (("cpu:0",), ("cpu:1",))
     with af.Session(plan, trace=True) as s:
-        data = synthetic_classification(config)
+        data = dataset(config)
         for step in range(2):
             s.run(step_feeds(config, data, step, local_feeds(plan, 0)))
         spans = s.recorder.spans
@@ -463,7 +463,7 @@ def forwards_before_backward(schedule: str) -> list[int]:
     config = parse_config(PIPELINE_YAML, [f"parallel.schedule={schedule}"])
     plan = compile_config(config)
     with af.Session(plan, trace=True) as s:
-        data = synthetic_classification(config)
+        data = dataset(config)
         for step in range(config.train.steps):
             s.run(step_feeds(config, data, step, local_feeds(plan, 0)))
         spans = [

@@ -9,16 +9,21 @@ import contextlib
 
 import numpy as np
 
-from .. import ops, optim
-from ..config import Config, OptimizerConfig
+from .. import ops
+from ..config import Config
 from ..graph.ir import Graph
-from ..parallel import B, S, minimize, output, parameter, placeholder, recompute
+from ..parallel import B, S, output, parameter, placeholder, recompute
+from . import transformer
+from .optimizer import minimize_loss
 
 ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh, "gelu": ops.gelu}
 
 
 def initial_parameters(config: Config) -> dict[str, np.ndarray]:
-    """w{k} ~ N(0, 1/fan_in) and b{k} = 0 for each layer k, from data.seed."""
+    """w{k} ~ N(0, 1/fan_in) and b{k} = 0 for each layer k, from data.seed (the
+    transformer's: see ``transformer.initial_parameters``)."""
+    if config.model.kind == "transformer":
+        return transformer.initial_parameters(config)
     rng = np.random.default_rng(config.data.seed + 1)
     sizes, dtype = config.model.sizes, config.model.dtype
     values = {}
@@ -28,14 +33,11 @@ def initial_parameters(config: Config) -> dict[str, np.ndarray]:
     return values
 
 
-def optimizer(spec: OptimizerConfig) -> optim.SGD | optim.Adam:
-    if spec.kind == "adam":
-        return optim.Adam(lr=spec.lr, betas=(spec.beta1, spec.beta2), eps=spec.eps)
-    return optim.SGD(lr=spec.lr, momentum=spec.momentum)
-
-
 def build_graph(config: Config) -> Graph:
-    """Feeds ``x`` (micro-batch, features) and ``labels`` (micro-batch,); outputs ``loss``."""
+    """Feeds ``x`` (micro-batch, features) and ``labels`` (micro-batch,); outputs ``loss``
+    (the transformer's: see ``transformer.build_graph``)."""
+    if config.model.kind == "transformer":
+        return transformer.build_graph(config)
     stages = [_placement(config, stage) for stage in config.parallel.stages]
     sbp = S(0) if config.parallel.data_parallel > 1 else None
     params = initial_parameters(config)
@@ -58,14 +60,7 @@ def build_graph(config: Config) -> Graph:
                         h = activation(h)
                     layer += 1
         loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
-        spec = config.train.optimizer
-        minimize(
-            loss,
-            optimizer(spec),
-            shard=spec.shard,
-            shard_threshold_kb=spec.shard_threshold_kb,
-            gradient_accumulation_shard=spec.gradient_accumulation_shard,
-        )
+        minimize_loss(config, loss)
         output("loss", loss)
     return graph
 

@@ -14,9 +14,9 @@ def table(config: Config, result: RunResult) -> str:
     lines = [
         f"{config.train.steps} steps of {config.train.batch_size} samples in {result.seconds:.2f} s: "
         f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
-        f"pipeline: {len(parallel.stages)} stages x {parallel.data_parallel} "
-        f"replica{'s' if parallel.data_parallel > 1 else ''}, "
-        f"{parallel.micro_batches} micro-batches, {parallel.schedule}",
+        f"pipeline: {_count(len(parallel.stages), 'stage')} x {_count(parallel.data_parallel, 'replica')}"
+        + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
+        + f", {_count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}",
         "",
     ]
     rows = [
@@ -64,6 +64,10 @@ def table(config: Config, result: RunResult) -> str:
         for device, nbytes in sorted(result.memory.items())
     ]
     return "\n".join(lines)
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def metrics(config: Config, result: RunResult) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ..runtime.transport import gather
 from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, summarize
 from ..trace.recorder import TRACE_LIMIT, write_chrome
-from .data import Part, step_feeds, synthetic_classification
+from .data import Part, dataset, step_feeds
 from .model import build_graph
 
 REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB, 100+ steps
@@ -94,8 +94,8 @@ def train(
     plan, fed only its devices' slices of each batch. Each rank writes its own trace
     (``NAME.rankR.json``) and rank 0 also the merged one at ``trace``; rank 0 gathers
     what the report needs from the others once the steps are done."""
+    data = dataset(config)
     plan = compile_config(config)
-    data = synthetic_classification(config)
     losses = []
     with Session(plan, trace=True, trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT) as session:
         rank = session.rank

@@ -1,0 +1,127 @@
+"""The transformer a config describes (``model.kind: transformer``), as one micro-batch's
+graph: a decoder-only character model whose blocks are split over the pipeline's stages.
+
+Each stage holds data_parallel x tensor_parallel devices. With data parallelism the
+batch is split (S(0)) and every parameter replicated (B); with tensor parallelism a
+stage's devices split each block Megatron-style by annotating only the weights: the
+query, key, value and first MLP weights by column (S(1), so each device holds whole
+heads and a slice of the MLP), the attention output and second MLP weights by row
+(S(0)); every other parameter is replicated. The SBP signatures then keep attention
+split by heads and make exactly one all-reduce in each half of a block forward (the
+row-split product is partial), and one in each half backward (the gradient of the
+replicated block input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..graph.ir import Graph
+from ..parallel import B, S, output, parameter, placeholder, recompute
+from ..parallel.sbp import SBP
+from .optimizer import minimize_loss
+
+COLUMN, ROW = S(1), S(0)
+
+
+def initial_parameters(config: Config) -> dict[str, np.ndarray]:
+    """Embeddings ~ N(0, 0.02), weights ~ N(0, 1/fan_in), layer-norm gains 1, biases 0,
+    from data.seed."""
+    model = config.model
+    rng = np.random.default_rng(config.data.seed + 1)
+    d, v, dtype = model.d_model, model.vocab, model.dtype
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape) * std).astype(dtype)
+
+    values = {"embedding": normal((v, d), 0.02), "position": normal((model.seq_len, d), 0.02)}
+    for k in range(model.layers):
+        for name in ("wq", "wk", "wv", "wo"):
+            values[f"h{k}.{name}"] = normal((d, d), 1 / math.sqrt(d))
+        values[f"h{k}.w1"] = normal((d, 4 * d), 1 / math.sqrt(d))
+        values[f"h{k}.w2"] = normal((4 * d, d), 1 / math.sqrt(4 * d))
+        for name, size in (("bo", d), ("b1", 4 * d), ("b2", d), ("ln1.beta", d), ("ln2.beta", d)):
+            values[f"h{k}.{name}"] = np.zeros(size, dtype)
+        for name in ("ln1.gamma", "ln2.gamma"):
+            values[f"h{k}.{name}"] = np.ones(d, dtype)
+    values["ln.gamma"], values["ln.beta"] = np.ones(d, dtype), np.zeros(d, dtype)
+    values["head"] = normal((d, v), 1 / math.sqrt(d))
+    return values
+
+
+TENSOR_PARALLEL = {"wq": COLUMN, "wk": COLUMN, "wv": COLUMN, "w1": COLUMN, "wo": ROW, "w2": ROW}
+"""The Megatron annotations: a block's weights and their SBP over a tensor-parallel group."""
+
+
+def build_graph(config: Config) -> Graph:
+    """Feeds ``x`` (micro-batch, seq_len) character ids and ``labels`` (the next ones);
+    outputs ``loss``, the mean cross-entropy per character."""
+    model, par = config.model, config.parallel
+    rows, seq, d, heads = config.micro_batch_size, model.seq_len, model.d_model, model.heads
+    values = initial_parameters(config)
+    stages = [list(stage) if len(stage) > 1 else stage[0] for stage in par.stages]
+    data_sbp = S(0) if par.data_parallel > 1 else B if par.tensor_parallel > 1 else None
+
+    def param(name: str, stage, tensor_parallel: SBP = B):
+        if par.tensor_parallel > 1:
+            return parameter(name, values[name], stage, tensor_parallel)
+        return parameter(name, values[name], stage, B if par.data_parallel > 1 else None)
+
+    def split_heads(t, stage):
+        t = ops.reshape(t, (rows, seq, heads, d // heads))
+        return ops.transpose(t, (0, 2, 1, 3))  # (rows, heads, seq, d / heads)
+
+    def block(h, k: int, stage):
+        p = {name: param(f"h{k}.{name}", stage, TENSOR_PARALLEL.get(name, B)) for name in _BLOCK}
+        a = ops.layer_norm(h, p["ln1.gamma"], p["ln1.beta"])
+        q, kk, v = (split_heads(ops.matmul(a, p[w]), stage) for w in ("wq", "wk", "wv"))
+        scores = ops.scale(ops.matmul(q, ops.transpose(kk, (0, 1, 3, 2))), 1 / math.sqrt(d // heads))
+        attended = ops.matmul(ops.causal_softmax(scores), v)
+        merged = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (rows * seq, d))
+        h = ops.add(h, ops.bias_add(ops.matmul(merged, p["wo"]), p["bo"]))
+        m = ops.layer_norm(h, p["ln2.gamma"], p["ln2.beta"])
+        u = ops.gelu(ops.bias_add(ops.matmul(m, p["w1"]), p["b1"]))
+        return ops.add(h, ops.bias_add(ops.matmul(u, p["w2"]), p["b2"]))
+
+    # Global tensors go through @dispatchable ops, whose annotations show one device only.
+    with Graph() as graph:
+        ids = placeholder("x", (rows, seq), "int64", stages[0], data_sbp)
+        labels = placeholder("labels", (rows, seq), "int64", stages[-1], data_sbp)
+        h = ops.embedding(ids, param("embedding", stages[0]))  # type: ignore[arg-type]
+        h = ops.reshape(ops.bias_add(h, param("position", stages[0])), (rows * seq, d))
+        layer = 0
+        for stage, count, again in zip(stages, config.stage_layers, par.recomputed):
+            h = ops.to_device(h, stage)  # type: ignore[arg-type]
+            with recompute() if again else contextlib.nullcontext():
+                for _ in range(count):
+                    h = block(h, layer, stage)
+                    layer += 1
+        last = stages[-1]
+        h = ops.layer_norm(h, param("ln.gamma", last), param("ln.beta", last))
+        logits = ops.matmul(h, param("head", last))
+        loss = ops.softmax_cross_entropy(logits, ops.reshape(labels, (rows * seq,)))  # type: ignore[arg-type]
+        minimize_loss(config, loss)
+        output("loss", loss)
+    return graph
+
+
+_BLOCK = (
+    "ln1.gamma",
+    "ln1.beta",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "bo",
+    "ln2.gamma",
+    "ln2.beta",
+    "w1",
+    "b1",
+    "w2",
+    "b2",
+)

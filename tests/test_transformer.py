@@ -1,0 +1,124 @@
+"""The transformer model (``model.kind: transformer``): trained on one device and split
+over several (tensor parallel Megatron-style, data parallel, pipeline stages), it ends
+with the same parameters; the Megatron annotations make exactly two all-reduces per
+block forward and two backward; its loss falls on the shipped text."""
+
+import numpy as np
+import pytest
+
+from actorflow.config import load_config, parse_config
+from actorflow.training import compile_config, train
+from actorflow.training.data import TEXT, characters, dataset
+
+SMALL = {
+    "model": {
+        "kind": "transformer",
+        "vocab": 64,
+        "d_model": 16,
+        "heads": 4,
+        "layers": 2,
+        "seq_len": 8,
+        "dtype": "float64",
+    },
+    "data": {"kind": "text", "samples": 64, "seed": 0},
+    "train": {"steps": 5, "batch_size": 8, "optimizer": {"kind": "adam", "lr": 0.01}},
+    "parallel": {"stages": ["cpu:0"]},
+}
+
+
+def config(parallel=None, **model):
+    return parse_config(SMALL | {"parallel": parallel or SMALL["parallel"], "model": SMALL["model"] | model})
+
+
+def test_text_windows_predict_the_next_character():
+    data = dataset(config())
+    text, vocab = TEXT.read_text(encoding="utf-8"), characters(TEXT.read_text(encoding="utf-8"))
+    assert data["x"].shape == data["labels"].shape == (64, 8)
+    np.testing.assert_array_equal(data["x"][:, 1:], data["labels"][:, :-1])
+    first = "".join(vocab[i] for i in [*data["x"][0], data["labels"][0, -1]])
+    assert first in text
+
+
+LAYOUTS = {
+    "tensor-parallel-2": {"stages": [["cpu:0", "cpu:1"]], "tensor_parallel": 2},
+    "tensor-parallel-4": {"stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]], "tensor_parallel": 4},
+    "data-parallel-2": {"stages": [["cpu:0", "cpu:1"]], "data_parallel": 2},
+    "data-parallel-4": {"stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]], "data_parallel": 4},
+    "pipeline-2": {"stages": ["cpu:0", "cpu:1"], "micro_batches": 2},
+    "pipeline-2-tensor-parallel-2": {
+        "stages": [["cpu:0", "cpu:1"], ["cpu:2", "cpu:3"]],
+        "tensor_parallel": 2,
+        "micro_batches": 2,
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    return train(config())
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_split_training_equals_one_device(layout, one_device):
+    got = train(config(LAYOUTS[layout]))
+    np.testing.assert_allclose(got.losses, one_device.losses, rtol=1e-6)
+    assert got.parameters.keys() == one_device.parameters.keys()
+    for name, value in one_device.parameters.items():
+        np.testing.assert_allclose(got.parameters[name], value, rtol=1e-6, atol=1e-12, err_msg=name)
+
+
+def activation_all_reduces(plan):
+    """(forward, backward) all-reduces that carry activations or their gradients, not a
+    parameter's gradient (what an update reads)."""
+    updates = {a.id for a in plan.actors if a.kind == "update"}
+    forward = backward = 0
+    for coll in plan.collectives:
+        if coll.op != "all_reduce":
+            continue
+        actor = plan.actors[coll.actors[0]]
+        readers = {c.actor for o in actor.outputs for c in plan.registers[o].consumers}
+        if readers & updates:
+            continue
+        if actor.backward:
+            backward += 1
+        else:
+            forward += 1
+    return forward, backward
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_megatron_annotations_make_two_all_reduces_per_block_each_way(layers, tp):
+    cfg = parse_config(
+        SMALL
+        | {
+            "model": SMALL["model"] | {"layers": layers},
+            "parallel": {"stages": [[f"cpu:{k}" for k in range(tp)]], "tensor_parallel": tp},
+            "runtime": {"fusion": False},
+        }
+    )
+    plan = compile_config(cfg)
+    assert activation_all_reduces(plan) == (2 * layers, 2 * layers)
+    assert {c.op for c in plan.collectives} == {"all_reduce"}
+
+
+def test_the_shipped_config_trains_and_its_loss_falls():
+    result = train(load_config("configs/transformer.yaml", ["train.steps=40"]))
+    assert np.mean(result.losses[-5:]) < np.mean(result.losses[:5]) - 0.5
+
+
+def test_bad_transformer_configs_are_refused():
+    from actorflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^model\.heads: 3 does not divide model\.d_model 16$"):
+        config(heads=3)
+    with pytest.raises(ConfigError, match=r"^parallel\.tensor_parallel: 3 does not divide model\.heads 4$"):
+        config({"stages": [["cpu:0", "cpu:1", "cpu:2"]], "tensor_parallel": 3})
+    with pytest.raises(
+        ConfigError, match=r"^model\.vocab: sonnets\.txt has 54 distinct characters, more than 40$"
+    ):
+        dataset(config(vocab=40))
+    with pytest.raises(ConfigError, match=r"^model\.sizes: only mlp uses sizes"):
+        config(sizes=[4, 2])
+    with pytest.raises(ConfigError, match=r"2-D device mesh"):
+        config({"stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]], "tensor_parallel": 2, "data_parallel": 2})
