@@ -353,8 +353,8 @@ def _check_transfers(plan: Plan) -> None:
                 f"is on rank {plan.rank_of(peer.device)}, it on rank {plan.rank_of(a.device)}"
             )
         if kind == "send":
-            sent = [plan.registers[i.register] for i in a.inputs]
-            received = [plan.registers[o] for o in peer.outputs]
+            sent = [r for r in (plan.registers[i.register] for i in a.inputs) if not r.control]
+            received = [r for r in (plan.registers[o] for o in peer.outputs) if not r.control]
             if [(r.shape, r.dtype) for r in sent] != [(r.shape, r.dtype) for r in received]:
                 raise CompileError(
                     f"send {a.name!r} sends {_specs(sent)} but receive {peer.name!r} takes {_specs(received)}"

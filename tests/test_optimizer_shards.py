@@ -119,8 +119,8 @@ def test_a_dim_the_replicas_do_not_divide_is_not_sharded():
     ]
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_sharded_pipeline_with_replicated_stages_equals_replicated(schedule):
+@pytest.mark.parametrize("schedule, recompute", [("gpipe", False), ("1f1b", False), ("1f1b", True)])
+def test_sharded_pipeline_with_replicated_stages_equals_replicated(schedule, recompute):
     sets = {
         "model": {"sizes": [8, 16, 16, 4], "activation": "tanh", "dtype": "float64"},
         "data": {"samples": 64, "seed": 0},
@@ -133,6 +133,7 @@ def test_sharded_pipeline_with_replicated_stages_equals_replicated(schedule):
         },
     }
     plain = train(parse_config(sets))
+    sets["parallel"]["recompute"] = recompute
     sets["train"]["optimizer"] |= {"shard": True, "shard_threshold_kb": 0}
     sharded = train(parse_config(sets))
     np.testing.assert_allclose(sharded.losses, plain.losses, rtol=1e-9)

@@ -123,6 +123,8 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
                 "train.optimizer.shard=true",
                 "train.optimizer.shard_threshold_kb=0",
             ],
+            ["train.steps=5", "parallel.schedule=zb1"],
+            ["train.steps=5", "parallel.recompute=true"],
         ],
         ids=[
             "pipeline-gpipe",
@@ -131,6 +133,8 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
             "a-stream-per-collective",
             "comm-reuse",
             "optimizer-shard",
+            "pipeline-zb1",
+            "recompute",
         ],
     )
     def test_losses_and_parameters_match(self, pair, sets):
