@@ -67,27 +67,25 @@ def schedule_quotas(
 
 def kept_for_backward(plan: Plan) -> list:
     """Registers made by the forward pass (or fed, or repeated) and read by the backward pass."""
-    return [
-        reg
-        for reg in plan.registers
-        if not reg.is_parameter
-        and not reg.control
-        and not plan.actors[reg.producer].backward
-        and plan.actors[reg.producer].kind != "variable"
-        and any(plan.actors[c.actor].backward for c in reg.consumers)
-    ]
+    return _held_across(plan, lambda a: a.backward or a.kind == "variable", lambda a: a.backward)
 
 
 def read_by_weight_grads(plan: Plan) -> list:
     """Registers a W actor (``Actor.weight_grad``) reads that a forward or B actor makes:
     what deferring the W holds."""
+    return _held_across(plan, lambda a: a.weight_grad, lambda a: a.weight_grad)
+
+
+def _held_across(plan: Plan, excluded_producer, reader) -> list:
+    """Data registers whose producer is not ``excluded_producer`` and of which some
+    consumer is a ``reader``."""
     return [
         reg
         for reg in plan.registers
         if not reg.is_parameter
         and not reg.control
-        and not plan.actors[reg.producer].weight_grad
-        and any(plan.actors[c.actor].weight_grad for c in reg.consumers)
+        and not excluded_producer(plan.actors[reg.producer])
+        and any(reader(plan.actors[c.actor]) for c in reg.consumers)
     ]
 
 
