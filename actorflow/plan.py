@@ -186,6 +186,9 @@ class Collective:
     op: str
     actors: tuple[int, ...]
     seconds: float = 0.0
+    nbytes: int = 0
+    """What a ring implementation moves over the links at one act, summed over the
+    participants (the compiler's prediction; see ``compiler.link``)."""
 
 
 @attrs.frozen
@@ -259,6 +262,9 @@ class Plan:
     resources: Resources = DEFAULT_RESOURCES
     labels: int = 0
     """Labels the calls of reused communication subgraphs take (see ``Resources``)."""
+    sbp: dict[str, str] = attrs.Factory(dict)
+    """The SBP of every tensor on several devices, by its (logical) name: those the user
+    annotated and those the ops' signatures (or the compiler) chose."""
 
     def rank_of(self, device: str) -> int:
         """The rank of a device, or of a rank's own streams (``rankN``)."""
@@ -269,6 +275,15 @@ class Plan:
     def stage_of(self, device: str) -> int | None:
         """The pipeline stage holding ``device``, or None (not in a stage, or no stages)."""
         return next((k for k, devices in enumerate(self.stages) if device in devices), None)
+
+    def communication_per_step(self) -> int:
+        """Bytes the collectives move over the links in one step (``Collective.nbytes``
+        times its acts a step)."""
+        acts = (
+            self.micro_batches // self.actors[c.actors[0]].every * self.actors[c.actors[0]].calls
+            for c in self.collectives
+        )
+        return sum(c.nbytes * n for c, n in zip(self.collectives, acts))
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:
@@ -568,7 +583,12 @@ def _summary_lines(plan: Plan) -> list[str]:
         lines.append(f"  (link emulated: {bandwidth / 1e9:g} GB/s, {latency * 1e6:g} us latency)")
     for k, coll in enumerate(plan.collectives):
         emulated = f", {coll.seconds * 1e3:.3f} ms emulated" if plan.link is not None else ""
-        lines.append(f"  {k}. {coll.name} ({coll.op} over {len(coll.actors)} devices{emulated})")
+        moved = f", {coll.nbytes} bytes an act"
+        lines.append(f"  {k}. {coll.name} ({coll.op} over {len(coll.actors)} devices{moved}{emulated})")
+    lines.append(f"predicted communication: {plan.communication_per_step()} bytes a step over the links")
+    if plan.sbp:
+        lines.append("SBP of the tensors on several devices")
+        lines += [f"  {name}: {sbp}" for name, sbp in plan.sbp.items()]
     lines.append("planned memory (registers x quota + parameters)")
     for device, nbytes in sorted(plan.memory.items()):
         lines.append(f"  {device}: {nbytes / 1024:.1f} KiB")

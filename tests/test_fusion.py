@@ -452,7 +452,7 @@ def test_summary_shows_one_collective():
     g = bucket_graph([4, 5, 6])
     text = af.compile(g).summary()
     assert "1 collectives" in text
-    assert "  0. fused_all_reduce_0 (all_reduce over 2 devices)" in text
+    assert "  0. fused_all_reduce_0 (all_reduce over 2 devices, 240 bytes an act)" in text  # 15 float64 each
     assert "1. " not in text.split("collective order")[1]
     assert "fused_all_reduce_0[cpu:0]/flat: float64[15]" in text
     plain = af.compile(g, fusion=False).summary()

@@ -410,8 +410,14 @@ def test_summary_mentions_streams_actors_quotas_events_collectives_and_memory(pl
     assert "events (producer -> consumer" in text
     assert "x (cpu:0/copy) -> mm (cpu:0/compute)" in text
     assert "collective order" in text
-    assert "0. ar (all_reduce over 2 devices)" in text
-    assert "1. ag (all_gather over 2 devices)" in text
+    # a ring all-reduce sends 2(n-1)/n of its input from each of n devices, an all-gather
+    # (n-1) inputs
+    ar, ag = (plan.actors[c.actors[0]] for c in plan.collectives)
+    ar_bytes = 2 * plan.registers[ar.inputs[0].register].nbytes
+    ag_bytes = 2 * plan.registers[ag.inputs[0].register].nbytes
+    assert f"0. ar (all_reduce over 2 devices, {ar_bytes} bytes an act)" in text
+    assert f"1. ag (all_gather over 2 devices, {ag_bytes} bytes an act)" in text
+    assert f"predicted communication: {ar_bytes + ag_bytes} bytes a step over the links" in text
     assert "planned memory" in text
     for device, nbytes in plan.memory.items():
         assert f"{device}: {nbytes / 1024:.1f} KiB" in text

@@ -19,7 +19,7 @@ from .collective_order import order_collectives
 from .events import insert_events
 from .expand import expand
 from .fusion import fuse_collectives
-from .link import emulate_links
+from .link import emulate_links, predict_communication
 from .micro_batches import split_micro_batches
 from .optimizer_shards import shard_optimizer
 from .priorities import assign_priorities
@@ -124,6 +124,7 @@ def compile(
     plan = order_collectives(plan)
     plan, floors = reuse_communication(plan, reuse, limits.max_ops_per_stream, limits.max_labels)
     plan = assign_streams(plan, limits)
+    plan = predict_communication(plan)
     if link_bandwidth is not None:
         plan = emulate_links(plan, link_bandwidth, link_latency)
     plan = insert_events(plan)

@@ -98,6 +98,7 @@ def expand(graph: Graph) -> Plan:
         outputs=tuple(outputs),
         parameters=tuple(parameters),
         logical=tuple(graph.logical),
+        sbp=dict(graph.sbp),
     )
 
 

@@ -1,4 +1,7 @@
-"""emulate links: in one process a collective is a memory copy, far faster than a real
+"""predict communication: the bytes each collective would move over the links, as a
+ring implementation moves them (``Collective.nbytes``).
+
+emulate links: in one process a collective is a memory copy, far faster than a real
 interconnect. With a link bandwidth and latency given, each collective is told how long
 a ring collective would take on that link, so schedules can be compared as if the
 communication were real. Reported as "emulated" wherever it shows."""
@@ -7,8 +10,18 @@ from __future__ import annotations
 
 import attrs
 
-from ..ops.collective import ring_seconds
+from ..ops.collective import ring_bytes, ring_seconds
 from ..plan import Plan
+
+
+def predict_communication(plan: Plan) -> Plan:
+    collectives = []
+    for coll in plan.collectives:
+        first = plan.actors[coll.actors[0]]
+        call = sum(plan.registers[i.register].nbytes for i in first.inputs) // first.calls
+        nbytes = round(len(coll.actors) * ring_bytes(coll.op, call, len(coll.actors)))
+        collectives.append(attrs.evolve(coll, nbytes=nbytes))
+    return attrs.evolve(plan, collectives=tuple(collectives))
 
 
 def emulate_links(plan: Plan, bandwidth: float, latency: float) -> Plan:

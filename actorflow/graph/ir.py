@@ -93,6 +93,8 @@ class Graph:
         self.nodes: list[Node] = []
         self.logical: list[LogicalTensor] = []
         self.optimizer_shards: list[OptimizerShard] = []
+        self.sbp: dict[str, str] = {}
+        """The SBP of each tensor on several devices, by name (see ``Plan.sbp``)."""
         self._names: set[str] = set()
         self._tokens: list = []
         self.building_backward = False

@@ -116,10 +116,16 @@ _RING_FACTOR = {
 }
 
 
+def ring_bytes(op: str, nbytes: int, devices: int) -> float:
+    """What one participant of a ring implementation of ``op`` sends, ``nbytes`` being
+    its input (all-reduce: 2(n-1)/n x bytes). One device moves nothing."""
+    return _RING_FACTOR[op](devices) * nbytes if devices > 1 else 0.0
+
+
 def ring_seconds(op: str, nbytes: int, devices: int, bandwidth: float, latency: float) -> float:
     """Time a ring implementation of ``op`` takes over a link of ``bandwidth`` bytes/s and
     ``latency`` seconds, ``nbytes`` being one participant's input (all-reduce:
     2(n-1)/n x bytes / bandwidth + latency). One device moves nothing."""
     if devices < 2:
         return 0.0
-    return _RING_FACTOR[op](devices) * nbytes / bandwidth + latency
+    return ring_bytes(op, nbytes, devices) / bandwidth + latency

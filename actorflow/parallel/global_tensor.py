@@ -35,6 +35,9 @@ class GlobalTensor:
     def __repr__(self) -> str:
         return f"GlobalTensor({self.dtype}{list(self.shape)}, {self.sbp!r} over {list(self.devices)})"
 
+    def __attrs_post_init__(self) -> None:
+        self.locals[0].graph.sbp[self.name] = repr(self.sbp)
+
     @staticmethod
     def __actorflow_dispatch__(op, args, kwargs):
         from .signatures import dispatch
