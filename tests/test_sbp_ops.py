@@ -805,8 +805,8 @@ def test_sbp_with_a_single_device_string_is_refused(builder, sbp):
                 af.parameter("x", np.ones((12, 12)), "cpu:1", sbp)
 
 
-@pytest.mark.parametrize("device,sbp", [(["cpu:0", "cpu:1"], None), (["cpu:0", "cpu:0"], S0), ([], B)])
-def test_a_device_list_needs_distinct_devices_and_an_sbp(device, sbp):
+@pytest.mark.parametrize("device,sbp", [(["cpu:0", "cpu:1"], P), (["cpu:0", "cpu:0"], S0), ([], B)])
+def test_a_device_list_needs_distinct_devices_and_an_sbp_other_than_p(device, sbp):
     with af.Graph():
         with pytest.raises(af.GraphError):
             af.placeholder("x", (12, 12), "float64", device, sbp)

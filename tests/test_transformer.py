@@ -100,7 +100,9 @@ def test_megatron_annotations_make_two_all_reduces_per_block_each_way(layers, tp
     plan = compile_config(cfg)
     assert activation_all_reduces(plan) == (2 * layers, 2 * layers)
     assert {c.op for c in plan.collectives} == {"all_reduce"}
-    annotated = {f"h0.{w}": sbp for w, sbp in [("wq", "S(1)"), ("wk", "S(1)"), ("w1", "S(1)"), ("wo", "S(0)")]}
+    annotated = {
+        f"h0.{w}": sbp for w, sbp in [("wq", "S(1)"), ("wk", "S(1)"), ("w1", "S(1)"), ("wo", "S(0)")]
+    }
     assert {name: plan.sbp[name] for name in annotated} == annotated
     assert plan.sbp["h0.ln1.gamma"] == "B" and plan.sbp["x"] == "B"
     assert "SBP of the tensors on several devices\n" in plan.summary()

@@ -13,6 +13,7 @@ from ..devices import parse_device
 from ..errors import CompileError
 from ..graph.ir import Graph, Tensor
 from ..ops.registry import lookup
+from ..parallel.program import undecided
 from ..plan import DEFAULT_RESOURCES, Plan
 from .check import check
 from .collective_order import order_collectives
@@ -28,6 +29,7 @@ from .recompute import recompute, recompute_quotas
 from .registers import plan_registers
 from .resources import checked_resources, memory_limit
 from .reuse import reuse_communication, reuse_limit
+from .sbp_search import choose_sbp
 from .schedules import ZERO_BUBBLE, schedule_quotas
 from .streams import assign_streams
 from .updates import order_updates
@@ -108,6 +110,8 @@ def compile(
     which wins when set: -1 on with the default limit of 1000 reused collectives, a
     positive int on with that limit, None (the default) off.
     """
+    if undecided(graph):
+        graph = choose_sbp(graph, link_bandwidth)
     _warn_if_nothing_to_see(graph)
     limits = checked_resources(max_streams, max_ops_per_stream, max_labels, max_memory)
     reuse = reuse_limit(comm_reuse)

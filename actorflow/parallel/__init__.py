@@ -1,8 +1,7 @@
 """Tensors on several devices: SBP, boxing, and the builders and training entry points
 that accept them."""
 
-from .boxing import box
-from .build import gradients, minimize, output, parameter, placeholder
+from .build import box, gradients, minimize, output, parameter, placeholder
 from .global_tensor import GlobalTensor
 from .recompute import recompute
 from .sbp import B, P, S

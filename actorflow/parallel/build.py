@@ -18,11 +18,13 @@ from .. import graph as g
 from .. import ops, optim
 from ..autodiff import gradients as local_gradients
 from ..errors import GraphError
-from ..graph.builder import device_of, graph_for
+from ..graph.builder import device_of, dtype_of, graph_for
 from ..graph.ir import Graph, OptimizerShard, Tensor
 from ..plan import LogicalTensor
-from .boxing import box
+from . import boxing
+from .boxing import box as _box
 from .global_tensor import GlobalTensor, local_shape
+from .program import Pending, is_pending, pending_leaf, record_call, record_leaf
 from .sbp import SBP, B, Broadcast, P, Partial, Split, sbp_code
 
 
@@ -35,8 +37,8 @@ def _placement(op: str, device: Any, sbp: SBP | None) -> list[str] | None:
     devices = [device_of(op, d) for d in device]
     if not devices or len(set(devices)) != len(devices):
         raise GraphError(f"{op}: needs distinct devices, got {list(device)}")
-    if sbp is None or isinstance(sbp, Partial):
-        raise GraphError(f"{op}: a tensor on several devices needs sbp=af.S(axis) or af.B, got {sbp!r}")
+    if isinstance(sbp, Partial):
+        raise GraphError(f"{op}: a tensor on several devices takes sbp=af.S(axis), af.B or None, not P")
     return devices
 
 
@@ -77,12 +79,15 @@ def placeholder(
     devices = _placement("placeholder", device, sbp)
     if devices is None:
         return g.placeholder(name, shape, dtype, device)
-    assert sbp is not None, "_placement checked it"
     shape = tuple(shape)
+    if sbp is None:
+        return pending_leaf("placeholder", name, shape, dtype_of("placeholder", dtype), devices)
     part = local_shape("placeholder", shape, sbp, len(devices))
     parts = [g.placeholder(f"{name}[{d}]", part, dtype, d) for d in devices]
     _record("feed", name, sbp, [p.name for p in parts])
-    return GlobalTensor(shape, sbp, tuple(parts))
+    tensor = GlobalTensor(shape, sbp, tuple(parts))
+    record_leaf("placeholder", name, devices, sbp, tensor)
+    return tensor
 
 
 @overload
@@ -105,30 +110,47 @@ def parameter(name: str, value: Any, device: Any = "cpu:0", sbp: SBP | None = No
     devices = _placement("parameter", device, sbp)
     if devices is None:
         return g.parameter(name, value, device)
-    assert sbp is not None, "_placement checked it"
     value = np.asarray(value)
+    if sbp is None:
+        dtype = dtype_of("parameter", value.dtype)
+        return pending_leaf("parameter", name, value.shape, dtype, devices, value)
     local_shape("parameter", value.shape, sbp, len(devices))
     values = (
         np.split(value, len(devices), axis=sbp.axis) if isinstance(sbp, Split) else [value] * len(devices)
     )
     parts = [g.parameter(f"{name}[{d}]", v, d) for d, v in zip(devices, values)]
     _record("parameter", name, sbp, [p.name for p in parts])
-    return GlobalTensor(value.shape, sbp, tuple(parts))
+    tensor = GlobalTensor(value.shape, sbp, tuple(parts))
+    record_leaf("parameter", name, devices, sbp, tensor, value)
+    return tensor
 
 
 def output(name: str, tensor: Tensor | GlobalTensor) -> None:
     """Return ``tensor`` from each iteration under ``name`` (a global one as one array)."""
+    if isinstance(tensor, Pending):
+        record_call(output, (name, tensor), {}, op=False)
+        return
     if not isinstance(tensor, GlobalTensor):
         return g.output(name, tensor)
     parts = [f"{name}[{d}]" for d in tensor.devices]
     for part, t in zip(parts, tensor.locals):
         g.output(part, t)
     _record("output", name, tensor.sbp, parts)
+    record_call(output, (name, tensor), {}, op=False)
+
+
+def box(x: GlobalTensor, to: SBP) -> GlobalTensor:
+    """``x`` with SBP ``to`` (see ``boxing``)."""
+    if isinstance(x, Pending):
+        raise GraphError("box: the compiler chooses this tensor's SBP; box only tensors with one")
+    return record_call(box, (x, to), {}, boxing.box(x, to), op=False)
 
 
 def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = None) -> list[Any]:
     """Like ``af.gradients``; for a global ``y`` (partial or broadcast), the gradient of a
     broadcast x is partial (P), that of a split x is split the same way."""
+    if is_pending((y, xs)):
+        raise GraphError("gradients: the compiler chooses these tensors' SBP; use minimize, which it replays")
     if not isinstance(y, GlobalTensor):
         return local_gradients(y, xs, dy)
     if dy is not None:
@@ -136,7 +158,7 @@ def gradients(y: Tensor | GlobalTensor, xs: Sequence[Any], dy: Tensor | None = N
     if isinstance(y.sbp, Split):
         raise GraphError(f"gradients: y must be partial or broadcast, not {y.sbp!r}; reduce it first")
     with y.locals[0].graph:
-        roots = box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
+        roots = _box(y, P).locals if isinstance(y.sbp, Broadcast) else y.locals
         flat = [t for x in xs for t in (x.locals if isinstance(x, GlobalTensor) else [x])]
         grads = iter(local_gradients(list(roots), flat))
         out: list[Tensor | GlobalTensor | None] = []
@@ -183,6 +205,14 @@ def minimize(
         or shard_threshold_kb < 0
     ):
         raise GraphError(f"minimize: shard_threshold_kb is a number >= 0, got {shard_threshold_kb!r}")
+    options = {
+        "shard": shard,
+        "shard_threshold_kb": shard_threshold_kb,
+        "gradient_accumulation_shard": gradient_accumulation_shard,
+    }
+    if is_pending((loss, params)):
+        record_call(minimize, (loss, optimizer, params), options, op=False)
+        return []
     if not isinstance(loss, GlobalTensor):
         return optim.minimize(loss, optimizer, params)
     graph = loss.locals[0].graph
@@ -195,11 +225,12 @@ def minimize(
     with graph:
         for param, grad in used:
             if isinstance(param, GlobalTensor):
-                grad = box(grad, param.sbp)
+                grad = _box(grad, param.sbp)
                 for part, part_grad in zip(param.locals, grad.locals):
                     optimizer.update(part, part_grad)
             else:
                 optimizer.update(param, grad)
+    record_call(minimize, (loss, optimizer, params), options, op=False)
     if shard:
         graph.optimizer_shards.extend(
             OptimizerShard(name, axis, gradient_accumulation_shard)

@@ -41,12 +41,17 @@ from ..errors import GraphError
 from ..graph.ir import Tensor
 from .boxing import box
 from .global_tensor import GlobalTensor
+from .program import is_pending, record_call
 from .sbp import SBP, B, Broadcast, P, Partial, S, Split
 
 Rule = Callable[[Callable, tuple, dict], Any]
 
 
 def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
+    """Expand ``op`` on global tensors by its signature (recorded in ``Graph.program``);
+    with a tensor whose SBP the compiler will choose, only record it."""
+    if is_pending((args, kwargs)):
+        return record_call(op, args, kwargs)
     name = op.__name__
     args, kwargs = _positional(op, args, kwargs)
     placements = {g.devices for g in _globals(args, kwargs)}
@@ -54,7 +59,7 @@ def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
         raise GraphError(f"{name}: global tensors on different placements {sorted(placements)}")
     if any(isinstance(v, Tensor) for v in _flat(args, kwargs)):
         raise GraphError(f"{name}: mixes tensors on one device with tensors on several")
-    return _RULES.get(name, _on_broadcast)(op, args, kwargs)
+    return record_call(op, args, kwargs, _RULES.get(name, _on_broadcast)(op, args, kwargs))
 
 
 def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Collection
 
 import numpy as np
 
@@ -58,19 +59,24 @@ TENSOR_PARALLEL = {"wq": COLUMN, "wk": COLUMN, "wv": COLUMN, "w1": COLUMN, "wo":
 """The Megatron annotations: a block's weights and their SBP over a tensor-parallel group."""
 
 
-def build_graph(config: Config) -> Graph:
+def build_graph(config: Config, annotated: Collection[str] | None = None) -> Graph:
     """Feeds ``x`` (micro-batch, seq_len) character ids and ``labels`` (the next ones);
-    outputs ``loss``, the mean cross-entropy per character."""
+    outputs ``loss``, the mean cross-entropy per character. ``annotated``: the
+    placeholders and parameters that keep their SBP over several devices (default:
+    all); the compiler chooses the others' (``compiler.sbp_search``)."""
     model, par = config.model, config.parallel
     rows, seq, d, heads = config.micro_batch_size, model.seq_len, model.d_model, model.heads
     values = initial_parameters(config)
     stages = [list(stage) if len(stage) > 1 else stage[0] for stage in par.stages]
     data_sbp = S(0) if par.data_parallel > 1 else B if par.tensor_parallel > 1 else None
 
+    def sbp(name: str, sbp: SBP | None) -> SBP | None:
+        return sbp if annotated is None or name in annotated else None
+
     def param(name: str, stage, tensor_parallel: SBP = B):
         if par.tensor_parallel > 1:
-            return parameter(name, values[name], stage, tensor_parallel)
-        return parameter(name, values[name], stage, B if par.data_parallel > 1 else None)
+            return parameter(name, values[name], stage, sbp(name, tensor_parallel))
+        return parameter(name, values[name], stage, sbp(name, B) if par.data_parallel > 1 else None)
 
     def split_heads(t, stage):
         t = ops.reshape(t, (rows, seq, heads, d // heads))
@@ -90,8 +96,8 @@ def build_graph(config: Config) -> Graph:
 
     # Global tensors go through @dispatchable ops, whose annotations show one device only.
     with Graph() as graph:
-        ids = placeholder("x", (rows, seq), "int64", stages[0], data_sbp)
-        labels = placeholder("labels", (rows, seq), "int64", stages[-1], data_sbp)
+        ids = placeholder("x", (rows, seq), "int64", stages[0], data_sbp and sbp("x", data_sbp))
+        labels = placeholder("labels", (rows, seq), "int64", stages[-1], data_sbp and sbp("labels", data_sbp))
         h = ops.embedding(ids, param("embedding", stages[0]))  # type: ignore[arg-type]
         h = ops.reshape(ops.bias_add(h, param("position", stages[0])), (rows * seq, d))
         layer = 0
