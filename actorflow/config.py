@@ -607,11 +607,8 @@ def _check_stages(config: Config) -> None:
         )
     if tp > 1 and config.model.kind != "transformer":
         raise _fail("parallel.tensor_parallel", "only the transformer model splits its layers over devices")
-    if tp > 1 and replicas > 1:
-        raise _fail(
-            "parallel.tensor_parallel",
-            "tensor and data parallelism at once need a 2-D device mesh, which actorflow has not yet",
-        )
+    if tp > 1 and replicas > 1 and config.train.optimizer.shard:
+        raise _fail("train.optimizer.shard", "not with tensor and data parallelism at once")
     if config.model.heads % tp:
         raise _fail("parallel.tensor_parallel", f"{tp} does not divide model.heads {config.model.heads}")
     per_stage = replicas * tp

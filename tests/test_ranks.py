@@ -144,6 +144,21 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
         assert status == "ok", got
         assert_same_training(got, train_in_one_process(path, *sets))
 
+    @pytest.mark.parametrize(
+        "sets",
+        [
+            ["parallel.stages=[[cpu:0, cpu:1]]", "parallel.tensor_parallel=2", "parallel.micro_batches=1"],
+            ["parallel.stages=[cpu:0, cpu:1]", "parallel.tensor_parallel=1", "parallel.micro_batches=2"],
+        ],
+        ids=["tensor-parallel", "pipeline"],
+    )
+    def test_the_transformer_matches(self, pair, sets):
+        sets = [*sets, "train.steps=3", "model.dtype=float64"]
+        path = str(ranks.REPO / "configs/transformer.yaml")
+        status, got = pair.run(("train", path, sets))
+        assert status == "ok", got
+        assert_same_training(got, train_in_one_process(path, *sets))
+
 
 @pytest.mark.timeout(300)
 def test_training_2x2_on_four_ranks_launched_equals_one_process(tmp_path):

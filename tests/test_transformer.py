@@ -45,6 +45,17 @@ LAYOUTS = {
     "data-parallel-2": {"stages": [["cpu:0", "cpu:1"]], "data_parallel": 2},
     "data-parallel-4": {"stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]], "data_parallel": 4},
     "pipeline-2": {"stages": ["cpu:0", "cpu:1"], "micro_batches": 2},
+    "data-parallel-2-tensor-parallel-2": {
+        "stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]],
+        "data_parallel": 2,
+        "tensor_parallel": 2,
+    },
+    "pipeline-2-data-parallel-2-tensor-parallel-2": {
+        "stages": [[f"cpu:{k}" for k in range(4)], [f"cpu:{k}" for k in range(4, 8)]],
+        "data_parallel": 2,
+        "tensor_parallel": 2,
+        "micro_batches": 2,
+    },
     "pipeline-2-tensor-parallel-2": {
         "stages": [["cpu:0", "cpu:1"], ["cpu:2", "cpu:3"]],
         "tensor_parallel": 2,
@@ -62,9 +73,13 @@ def one_device():
 def test_split_training_equals_one_device(layout, one_device):
     got = train(config(LAYOUTS[layout]))
     np.testing.assert_allclose(got.losses, one_device.losses, rtol=1e-6)
-    assert got.parameters.keys() == one_device.parameters.keys()
-    for name, value in one_device.parameters.items():
-        np.testing.assert_allclose(got.parameters[name], value, rtol=1e-6, atol=1e-12, err_msg=name)
+    replicas = LAYOUTS[layout].get("data_parallel", 1) if LAYOUTS[layout].get("tensor_parallel") else 1
+    # with tensor and data parallelism at once each replica has its own parameters, NAME@r
+    names = [f"{name}@{r}" if r else name for name in one_device.parameters for r in range(replicas)]
+    assert sorted(got.parameters) == sorted(names)
+    for name in names:
+        want = one_device.parameters[name.split("@")[0]]
+        np.testing.assert_allclose(got.parameters[name], want, rtol=1e-6, atol=1e-12, err_msg=name)
 
 
 def activation_all_reduces(plan):
@@ -126,5 +141,15 @@ def test_bad_transformer_configs_are_refused():
         dataset(config(vocab=40))
     with pytest.raises(ConfigError, match=r"^model\.sizes: only mlp uses sizes"):
         config(sizes=[4, 2])
-    with pytest.raises(ConfigError, match=r"2-D device mesh"):
-        config({"stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]], "tensor_parallel": 2, "data_parallel": 2})
+    with pytest.raises(ConfigError, match=r"^train\.optimizer\.shard: not with tensor and data parallelism"):
+        parse_config(
+            SMALL
+            | {
+                "train": SMALL["train"] | {"optimizer": {"kind": "adam", "lr": 0.01, "shard": True}},
+                "parallel": {
+                    "stages": [["cpu:0", "cpu:1", "cpu:2", "cpu:3"]],
+                    "tensor_parallel": 2,
+                    "data_parallel": 2,
+                },
+            }
+        )

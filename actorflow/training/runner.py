@@ -162,9 +162,12 @@ def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:
             continue
         if set(lt.parts) <= mine:
             parts[lt.name] = (lt.name, 0, 1)
-        else:
+        else:  # the rows of a batch split S(0), or the whole of a broadcast one
+            split = lt.sbp == "S"
             parts.update(
-                (part, (lt.name, k, len(lt.parts))) for k, part in enumerate(lt.parts) if part in mine
+                (part, (lt.name, k if split else 0, len(lt.parts) if split else 1))
+                for k, part in enumerate(lt.parts)
+                if part in mine
             )
         mine -= set(lt.parts)
     parts.update((name, (name, 0, 1)) for name in mine)

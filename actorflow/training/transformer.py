@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from typing import Any
 
 import numpy as np
 
 from .. import ops
 from ..config import Config
 from ..graph.ir import Graph
-from ..parallel import B, S, output, parameter, placeholder, recompute
+from ..parallel import B, GlobalTensor, P, S, box, gradients, output, parameter, placeholder, recompute
 from ..parallel.sbp import SBP
-from .optimizer import minimize_loss
+from .optimizer import minimize_loss, optimizer
 
 COLUMN, ROW = S(1), S(0)
 
@@ -64,8 +65,9 @@ def build_graph(config: Config, annotated: Collection[str] | None = None) -> Gra
     outputs ``loss``, the mean cross-entropy per character. ``annotated``: the
     placeholders and parameters that keep their SBP over several devices (default:
     all); the compiler chooses the others' (``compiler.sbp_search``)."""
-    model, par = config.model, config.parallel
-    rows, seq, d, heads = config.micro_batch_size, model.seq_len, model.d_model, model.heads
+    par = config.parallel
+    if par.data_parallel > 1 and par.tensor_parallel > 1:
+        return _data_and_tensor_parallel(config)
     values = initial_parameters(config)
     stages = [list(stage) if len(stage) > 1 else stage[0] for stage in par.stages]
     data_sbp = S(0) if par.data_parallel > 1 else B if par.tensor_parallel > 1 else None
@@ -78,14 +80,30 @@ def build_graph(config: Config, annotated: Collection[str] | None = None) -> Gra
             return parameter(name, values[name], stage, sbp(name, tensor_parallel))
         return parameter(name, values[name], stage, sbp(name, B) if par.data_parallel > 1 else None)
 
-    def split_heads(t, stage):
+    rows, seq = config.micro_batch_size, config.model.seq_len
+    with Graph() as graph:
+        ids = placeholder("x", (rows, seq), "int64", stages[0], data_sbp and sbp("x", data_sbp))
+        labels = placeholder("labels", (rows, seq), "int64", stages[-1], data_sbp and sbp("labels", data_sbp))
+        loss = _forward(config, stages, rows, ids, labels, param)
+        minimize_loss(config, loss)
+        output("loss", loss)
+    return graph
+
+
+def _forward(config: Config, stages: list, rows: int, ids, labels, param) -> Any:
+    """The loss of ``rows`` sequences, block by block over ``stages`` (a device or a
+    tensor-parallel group each); ``param(name, stage, sbp)`` makes each parameter."""
+    model = config.model
+    seq, d, heads = model.seq_len, model.d_model, model.heads
+
+    def split_heads(t):
         t = ops.reshape(t, (rows, seq, heads, d // heads))
         return ops.transpose(t, (0, 2, 1, 3))  # (rows, heads, seq, d / heads)
 
     def block(h, k: int, stage):
         p = {name: param(f"h{k}.{name}", stage, TENSOR_PARALLEL.get(name, B)) for name in _BLOCK}
         a = ops.layer_norm(h, p["ln1.gamma"], p["ln1.beta"])
-        q, kk, v = (split_heads(ops.matmul(a, p[w]), stage) for w in ("wq", "wk", "wv"))
+        q, kk, v = (split_heads(ops.matmul(a, p[w])) for w in ("wq", "wk", "wv"))
         scores = ops.scale(ops.matmul(q, ops.transpose(kk, (0, 1, 3, 2))), 1 / math.sqrt(d // heads))
         attended = ops.matmul(ops.causal_softmax(scores), v)
         merged = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (rows * seq, d))
@@ -95,25 +113,68 @@ def build_graph(config: Config, annotated: Collection[str] | None = None) -> Gra
         return ops.add(h, ops.bias_add(ops.matmul(u, p["w2"]), p["b2"]))
 
     # Global tensors go through @dispatchable ops, whose annotations show one device only.
+    h = ops.embedding(ids, param("embedding", stages[0]))
+    h = ops.reshape(ops.bias_add(h, param("position", stages[0])), (rows * seq, d))
+    layer = 0
+    for stage, count, again in zip(stages, config.stage_layers, config.parallel.recomputed):
+        h = ops.to_device(h, stage)
+        with recompute() if again else contextlib.nullcontext():
+            for _ in range(count):
+                h = block(h, layer, stage)
+                layer += 1
+    last = stages[-1]
+    h = ops.layer_norm(h, param("ln.gamma", last), param("ln.beta", last))
+    logits = ops.matmul(h, param("head", last))
+    return ops.softmax_cross_entropy(logits, ops.reshape(labels, (rows * seq,)))
+
+
+def _data_and_tensor_parallel(config: Config) -> Graph:
+    """Tensor and data parallelism at once, without a 2-D device mesh: each stage's
+    devices form data_parallel groups of tensor_parallel consecutive ones, and replica r
+    is the model built on the r-th group of every stage, Megatron-style, with its own
+    parameters (named ``NAME@r`` past replica 0) and the r-th slice of the batch, which
+    the group's first device is fed and broadcasts to the others. Each gradient, reduced
+    within its group to its parameter's SBP, is averaged part by part over the replicas
+    (an all-reduce over the devices holding part k), and every replica takes the same
+    update; the loss is the replicas' mean."""
+    par, seq = config.parallel, config.model.seq_len
+    dp, tp = par.data_parallel, par.tensor_parallel
+    values = initial_parameters(config)
+    replicas = [[list(stage[r * tp : (r + 1) * tp]) for stage in par.stages] for r in range(dp)]
     with Graph() as graph:
-        ids = placeholder("x", (rows, seq), "int64", stages[0], data_sbp and sbp("x", data_sbp))
-        labels = placeholder("labels", (rows, seq), "int64", stages[-1], data_sbp and sbp("labels", data_sbp))
-        h = ops.embedding(ids, param("embedding", stages[0]))  # type: ignore[arg-type]
-        h = ops.reshape(ops.bias_add(h, param("position", stages[0])), (rows * seq, d))
-        layer = 0
-        for stage, count, again in zip(stages, config.stage_layers, par.recomputed):
-            h = ops.to_device(h, stage)  # type: ignore[arg-type]
-            with recompute() if again else contextlib.nullcontext():
-                for _ in range(count):
-                    h = block(h, layer, stage)
-                    layer += 1
-        last = stages[-1]
-        h = ops.layer_norm(h, param("ln.gamma", last), param("ln.beta", last))
-        logits = ops.matmul(h, param("head", last))
-        loss = ops.softmax_cross_entropy(logits, ops.reshape(labels, (rows * seq,)))  # type: ignore[arg-type]
-        minimize_loss(config, loss)
-        output("loss", loss)
+        first = [groups[0][0] for groups in replicas]
+        last = [groups[-1][0] for groups in replicas]
+        x = placeholder("x", (config.micro_batch_size, seq), "int64", first, S(0))
+        y = placeholder("labels", (config.micro_batch_size, seq), "int64", last, S(0))
+        losses, params = [], []
+        for r, groups in enumerate(replicas):
+            made: dict[str, GlobalTensor] = {}
+
+            def param(name: str, stage, tensor_parallel: SBP = B, r=r, made=made):
+                made[name] = parameter(
+                    name if r == 0 else f"{name}@{r}", values[name], stage, tensor_parallel
+                )
+                return made[name]
+
+            ids, labels = _spread(x.locals[r], groups[0]), _spread(y.locals[r], groups[-1])
+            losses.append(_forward(config, groups, config.replica_batch_size, ids, labels, param))
+            params.append(made)
+        update = optimizer(config.train.optimizer)
+        grads = [dict(zip(made, gradients(loss, list(made.values())))) for loss, made in zip(losses, params)]
+        for name in params[0]:
+            mine = [(made[name], box(grad[name], made[name].sbp)) for made, grad in zip(params, grads)]
+            for k in range(tp):
+                mean = ops.all_reduce([g.locals[k] for _, g in mine], "mean")
+                for (p, _), g in zip(mine, mean):
+                    update.update(p.locals[k], g)
+        parts = [ops.scale(box(loss, B).locals[0], 1 / dp) for loss in losses]
+        output("loss", GlobalTensor((), P, tuple(parts)))
     return graph
+
+
+def _spread(part, group: Sequence[str]) -> GlobalTensor:
+    """``part`` broadcast from its device to every device of ``group``, as one B tensor."""
+    return GlobalTensor(part.shape, B, tuple(ops.broadcast(part, group)))
 
 
 _BLOCK = (
