@@ -3,7 +3,7 @@ placed on several devices without one (``sbp=None``), so that a step costs least
 
 The user's annotations are never changed. Every other tensor's SBP follows from its
 inputs' through the ops' signatures (``parallel.signatures``), so a choice for the
-undecided leaves is a whole strategy, and ``parallel.program.replay`` builds it. Its
+undecided leaves is a whole strategy, and ``parallel.replay`` builds it. Its
 cost, for one step, is predicted from the forward graph that replay builds (OneFlow's
 cost model):
 
@@ -35,7 +35,9 @@ from ..errors import CompileError
 from ..graph.ir import Graph, Node
 from ..ops.collective import ring_bytes
 from ..ops.registry import lookup
-from ..parallel.program import Call, Leaf, replay, undecided
+from ..parallel.build import minimize
+from ..parallel.program import Call, Leaf, undecided
+from ..parallel.replay import replay
 from ..parallel.sbp import SBP, B, S
 
 BANDWIDTH = 10e9
@@ -122,7 +124,7 @@ class _CostModel:
         return self.seen[key]
 
     def _cost(self, sbp: Mapping[str, SBP]) -> float:
-        forward = replay(self.graph, sbp, until=lambda call: call.fn.__name__ == "minimize")
+        forward = replay(self.graph, sbp, until=lambda call: call.fn is minimize)
         moved = 2 * sum(_ring_bytes(forward, node) for node in forward.nodes)
         for leaf in self.graph.program:
             if isinstance(leaf, Leaf) and leaf.name in self.updated and (leaf.sbp or sbp[leaf.name]) == B:
@@ -137,7 +139,7 @@ def _updated_parameters(graph: Graph) -> set[str]:
     names: set[str] = set()
     parameters = [s for s in graph.program if isinstance(s, Leaf) and s.kind == "parameter"]
     for step in graph.program:
-        if isinstance(step, Call) and step.fn.__name__ == "minimize":
+        if isinstance(step, Call) and step.fn is minimize:
             chosen = step.args[2]
             ids = {id(p) for p in chosen} if chosen is not None else None
             names |= {p.name for p in parameters if ids is None or id(p.result) in ids}

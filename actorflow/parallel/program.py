@@ -6,15 +6,15 @@ Every placeholder or parameter on several devices, every op on global tensors,
 parameter given ``sbp=None`` is *undecided*: it and whatever depends on it are
 ``Pending`` tensors, which know their logical shape and dtype only (inferred by building
 the op once on one device, in a scratch graph); their ops are recorded, not expanded.
-``replay`` builds the recorded program into a new graph, each undecided leaf with the
-SBP it is given and each op through the ops' signatures, as if the user had written
-those annotations (see ``compiler.sbp_search``, which chooses them).
+``parallel.replay`` builds the recorded program into a new graph, each undecided leaf
+with the SBP it is given and each op through the ops' signatures, as if the user had
+written those annotations (see ``compiler.sbp_search``, which chooses them).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -77,7 +77,7 @@ def undecided(graph: Graph) -> list[Leaf]:
 
 
 def is_pending(value: Any) -> bool:
-    return any(isinstance(v, Pending) for v in _flat(value))
+    return any(isinstance(v, Pending) for v in flat(value))
 
 
 def pending_leaf(kind: str, name: str, shape: tuple[int, ...], dtype: str, devices: list[str], value=None):
@@ -96,10 +96,10 @@ def record_leaf(kind: str, name: str, devices: list[str], sbp: SBP, tensor: Glob
 def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op: bool = True) -> Any:
     """A call on global tensors, recorded. With a pending argument, an op is not run:
     its results are pending tensors of the shapes it gives on one device."""
-    tensors = [v for v in _flat((args, kwargs)) if isinstance(v, (Pending, GlobalTensor))]
+    tensors = [v for v in flat((args, kwargs)) if isinstance(v, (Pending, GlobalTensor))]
     graph = tensors[0].graph if isinstance(tensors[0], Pending) else tensors[0].locals[0].graph
     if op and is_pending((args, kwargs)):
-        if any(isinstance(v, Tensor) for v in _flat((args, kwargs))):
+        if any(isinstance(v, Tensor) for v in flat((args, kwargs))):
             raise GraphError(f"{fn.__name__}: mixes tensors on one device with tensors on several")
         if fn.__name__ == "to_device":  # onto as many devices, part k to the k-th
             x, devices = args[0], args[1]
@@ -115,49 +115,12 @@ def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op:
     return result
 
 
-def replay(graph: Graph, sbp: Mapping[str, SBP], until: Callable[[Call], bool] | None = None) -> Graph:
-    """The recorded program built into a new graph, each undecided leaf with ``sbp[name]``
-    (``until``: stop before the first call it accepts)."""
-    from .signatures import dispatch
-
-    built = Graph()
-    env: dict[int, Any] = {}
-    with built:
-        for step in graph.program:
-            if isinstance(step, Leaf):
-                env[id(step.result)] = _leaf(step, step.sbp or sbp[step.name])
-                continue
-            if until is not None and until(step):
-                break
-            args, kwargs = _mapped(step.args, env), _mapped(step.kwargs, env)
-            result = dispatch(step.fn, args, kwargs) if step.op else step.fn(*args, **kwargs)
-            for old, new in zip(_flat(step.result), _flat(result)):
-                env[id(old)] = new
-    return built
-
-
-def _leaf(step: Leaf, sbp: SBP) -> GlobalTensor:
-    from .build import parameter, placeholder
-
-    if step.kind == "parameter":
-        return parameter(step.name, step.value, list(step.devices), sbp)
-    return placeholder(step.name, step.shape, step.dtype, list(step.devices), sbp)
-
-
-def _flat(value: Any) -> list:
+def flat(value: Any) -> list:
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
-        return [u for v in value for u in _flat(v)]
+        return [u for v in value for u in flat(v)]
     return [value]
-
-
-def _mapped(value: Any, env: dict[int, Any]) -> Any:
-    if isinstance(value, dict):
-        return {k: _mapped(v, env) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_mapped(v, env) for v in value)
-    return env.get(id(value), value) if isinstance(value, (Pending, GlobalTensor)) else value
 
 
 def _probes(value: Any, names: itertools.count) -> Any:

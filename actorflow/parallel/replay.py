@@ -1,0 +1,47 @@
+"""Replay: the program a graph recorded (``parallel.program``), built into a new graph
+with an SBP for each leaf the user left undecided."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..graph.ir import Graph
+from .build import parameter, placeholder
+from .global_tensor import GlobalTensor
+from .program import Call, Leaf, Pending, flat
+from .sbp import SBP
+from .signatures import dispatch
+
+
+def replay(graph: Graph, sbp: Mapping[str, SBP], until: Callable[[Call], bool] | None = None) -> Graph:
+    """The recorded program built into a new graph, each undecided leaf with ``sbp[name]``
+    (``until``: stop before the first call it accepts)."""
+    built = Graph()
+    env: dict[int, Any] = {}
+    with built:
+        for step in graph.program:
+            if isinstance(step, Leaf):
+                env[id(step.result)] = _leaf(step, step.sbp or sbp[step.name])
+                continue
+            if until is not None and until(step):
+                break
+            args, kwargs = _mapped(step.args, env), _mapped(step.kwargs, env)
+            result = dispatch(step.fn, args, kwargs) if step.op else step.fn(*args, **kwargs)
+            for old, new in zip(flat(step.result), flat(result)):
+                env[id(old)] = new
+    return built
+
+
+def _leaf(step: Leaf, sbp: SBP) -> GlobalTensor:
+    if step.kind == "parameter":
+        return parameter(step.name, step.value, list(step.devices), sbp)
+    return placeholder(step.name, step.shape, step.dtype, list(step.devices), sbp)
+
+
+def _mapped(value: Any, env: dict[int, Any]) -> Any:
+    if isinstance(value, dict):
+        return {k: _mapped(v, env) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_mapped(v, env) for v in value)
+    return env.get(id(value), value) if isinstance(value, (Pending, GlobalTensor)) else value
