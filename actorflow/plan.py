@@ -30,7 +30,7 @@ from .plan_check import transfers, validate
 
 Kernel = Callable[..., Any]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 
 
 @attrs.frozen
