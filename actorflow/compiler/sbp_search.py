@@ -101,7 +101,7 @@ def _nearby_pairs(graph: Graph, leaves: list[Leaf]) -> list[tuple[str, str]]:
     """Undecided leaves first read within ``NEARBY`` steps of each other."""
     first_read: dict[str, int] = {}
     ids = {id(leaf.result): leaf.name for leaf in leaves}
-    for k, step in enumerate(graph.program):
+    for k, step in enumerate(graph.program or ()):
         if isinstance(step, Call):
             for value in (*step.args, *step.kwargs.values()):
                 name = ids.get(id(value))
@@ -126,7 +126,7 @@ class _CostModel:
     def _cost(self, sbp: Mapping[str, SBP]) -> float:
         forward = replay(self.graph, sbp, until=lambda call: call.fn is minimize)
         moved = 2 * sum(_ring_bytes(forward, node) for node in forward.nodes)
-        for leaf in self.graph.program:
+        for leaf in self.graph.program or ():
             if isinstance(leaf, Leaf) and leaf.name in self.updated and (leaf.sbp or sbp[leaf.name]) == B:
                 n = len(leaf.devices)
                 moved += n * ring_bytes("all_reduce", _nbytes(leaf.shape, leaf.dtype), n)
@@ -137,8 +137,8 @@ class _CostModel:
 def _updated_parameters(graph: Graph) -> set[str]:
     """The parameter leaves a minimize updates (all of them unless it names some)."""
     names: set[str] = set()
-    parameters = [s for s in graph.program if isinstance(s, Leaf) and s.kind == "parameter"]
-    for step in graph.program:
+    parameters = [s for s in graph.program or () if isinstance(s, Leaf) and s.kind == "parameter"]
+    for step in graph.program or ():
         if isinstance(step, Call) and step.fn is minimize:
             chosen = step.args[2]
             ids = {id(p) for p in chosen} if chosen is not None else None

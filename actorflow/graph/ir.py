@@ -95,8 +95,9 @@ class Graph:
         self.optimizer_shards: list[OptimizerShard] = []
         self.sbp: dict[str, str] = {}
         """The SBP of each tensor on several devices, by name (see ``Plan.sbp``)."""
-        self.program: list = []
-        """What was built on tensors on several devices (see ``parallel.program``)."""
+        self.program: list | None = []
+        """What was built on tensors on several devices (see ``parallel.program``);
+        None: not recorded (a graph built only to be costed)."""
         self._names: set[str] = set()
         self._tokens: list = []
         self.building_backward = False

@@ -73,7 +73,7 @@ class Call:
 
 def undecided(graph: Graph) -> list[Leaf]:
     """The placeholders and parameters on several devices given no SBP."""
-    return [step for step in graph.program if isinstance(step, Leaf) and step.sbp is None]
+    return [step for step in graph.program or () if isinstance(step, Leaf) and step.sbp is None]
 
 
 def is_pending(value: Any) -> bool:
@@ -89,8 +89,9 @@ def pending_leaf(kind: str, name: str, shape: tuple[int, ...], dtype: str, devic
 
 
 def record_leaf(kind: str, name: str, devices: list[str], sbp: SBP, tensor: GlobalTensor, value=None) -> None:
-    leaf = Leaf(kind, name, tensor.shape, tensor.dtype, tuple(devices), sbp, value, tensor)
-    tensor.locals[0].graph.program.append(leaf)
+    program = tensor.locals[0].graph.program
+    if program is not None:
+        program.append(Leaf(kind, name, tensor.shape, tensor.dtype, tuple(devices), sbp, value, tensor))
 
 
 def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op: bool = True) -> Any:
@@ -98,6 +99,8 @@ def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op:
     its results are pending tensors of the shapes it gives on one device."""
     tensors = [v for v in flat((args, kwargs)) if isinstance(v, (Pending, GlobalTensor))]
     graph = tensors[0].graph if isinstance(tensors[0], Pending) else tensors[0].locals[0].graph
+    if graph.program is None:
+        return result
     if op and is_pending((args, kwargs)):
         if any(isinstance(v, Tensor) for v in flat((args, kwargs))):
             raise GraphError(f"{fn.__name__}: mixes tensors on one device with tensors on several")
@@ -111,7 +114,8 @@ def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op:
             with Graph():
                 probe = fn(*_probes(args, names), **_probes(kwargs, names))
             result = _pending(probe, tensors[0].devices, graph)
-    graph.program.append(Call(fn, args, kwargs, result, op))
+    if graph.program is not None:
+        graph.program.append(Call(fn, args, kwargs, result, op))
     return result
 
 

@@ -15,14 +15,20 @@ from .signatures import dispatch
 
 
 def replay(graph: Graph, sbp: Mapping[str, SBP], until: Callable[[Call], bool] | None = None) -> Graph:
-    """The recorded program built into a new graph, each undecided leaf with ``sbp[name]``
-    (``until``: stop before the first call it accepts)."""
+    """The recorded program built into a new graph, each undecided leaf with ``sbp[name]``.
+
+    ``until``: build only up to the first call it accepts, for the costing of a
+    strategy: then nothing is recorded and parameters are built as placeholders of
+    their shape (no values copied), which cost the same."""
     built = Graph()
+    costing = until is not None
+    if costing:
+        built.program = None
     env: dict[int, Any] = {}
     with built:
-        for step in graph.program:
+        for step in graph.program or ():
             if isinstance(step, Leaf):
-                env[id(step.result)] = _leaf(step, step.sbp or sbp[step.name])
+                env[id(step.result)] = _leaf(step, step.sbp or sbp[step.name], costing)
                 continue
             if until is not None and until(step):
                 break
@@ -33,8 +39,8 @@ def replay(graph: Graph, sbp: Mapping[str, SBP], until: Callable[[Call], bool] |
     return built
 
 
-def _leaf(step: Leaf, sbp: SBP) -> GlobalTensor:
-    if step.kind == "parameter":
+def _leaf(step: Leaf, sbp: SBP, costing: bool) -> GlobalTensor:
+    if step.kind == "parameter" and not costing:
         return parameter(step.name, step.value, list(step.devices), sbp)
     return placeholder(step.name, step.shape, step.dtype, list(step.devices), sbp)
 

@@ -30,6 +30,7 @@ Signatures (S = split, B = broadcast, P = partial sum):
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -65,10 +66,13 @@ def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
 def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Every argument that can go by position goes by position (defaults filled in), so
     rules can unpack tensors from args; keyword-only options stay keywords."""
-    bound = inspect.signature(op).bind(*args, **kwargs)
+    bound = _signature(op).bind(*args, **kwargs)
     bound.apply_defaults()
     options = {k: v for k, v in bound.kwargs.items() if not (k == "name" and v is None)}
     return bound.args, options
+
+
+_signature = functools.cache(inspect.signature)
 
 
 def _flat(args: tuple, kwargs: dict) -> list:
