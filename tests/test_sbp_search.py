@@ -5,6 +5,8 @@ parallel, Megatron) and trains to the one-device run's parameters."""
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import actorflow as af
 from actorflow.compiler.sbp_search import predicted_cost
@@ -126,3 +128,68 @@ def test_what_the_search_cannot_replay_is_refused():
             af.box(x, af.B)
     with pytest.raises(af.CompileError, match=r"\['alone'\] are on one"):
         af.compile(g)
+
+
+# -- random MLPs, random annotations --------------------------------------------------------
+
+ACTIVATIONS = [af.ops.relu, af.ops.tanh, af.ops.gelu]
+
+
+def random_mlp(data, devices):
+    """An MLP of 1 to 3 layers whose widths the devices divide, each placeholder and
+    parameter given a random valid SBP or left to the search (None); with the model's
+    values for the one-device twin."""
+    n = len(devices)
+    widths = [
+        data.draw(st.sampled_from([n * k for k in (2, 3, 4)]), label="width")
+        for _ in range(data.draw(st.integers(2, 4)))
+    ]
+    rows = 2 * n
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    values = {f"w{k}": rng.standard_normal((a, b)) * 0.3 for k, (a, b) in enumerate(zip(widths, widths[1:]))}
+    values |= {f"b{k}": rng.standard_normal(b) * 0.1 for k, b in enumerate(widths[1:])}
+    activation = data.draw(st.sampled_from(ACTIVATIONS), label="activation")
+
+    def sbp(shape):
+        options = [None, af.B, *(af.S(a) for a in range(len(shape)))]
+        return data.draw(st.sampled_from(options))
+
+    x_sbp = data.draw(st.sampled_from([None, af.B, af.S(0)]), label="batch")
+    given = {"x": x_sbp, "y": x_sbp} | {name: sbp(v.shape) for name, v in values.items()}
+
+    def build(place):
+        with af.Graph() as g:
+            if place is None:
+                h = af.placeholder("x", (rows, widths[0]), "float64")
+                y = af.placeholder("y", (rows,), "int64")
+                params = {name: af.parameter(name, v) for name, v in values.items()}
+            else:
+                h = af.placeholder("x", (rows, widths[0]), "float64", place, given["x"])
+                y = af.placeholder("y", (rows,), "int64", place, given["y"])
+                params = {name: af.parameter(name, v, place, given[name]) for name, v in values.items()}
+            for k in range(len(widths) - 1):
+                h = af.ops.bias_add(af.ops.matmul(h, params[f"w{k}"]), params[f"b{k}"])
+                if k < len(widths) - 2:
+                    h = activation(h)
+            loss = af.ops.softmax_cross_entropy(h, y)
+            af.minimize(loss, af.optim.SGD(0.1))
+            af.output("loss", loss)
+        return g
+
+    feeds = {"x": rng.standard_normal((rows, widths[0])), "y": rng.integers(0, widths[-1], rows)}
+    return build, given, feeds
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_annotations_are_kept_and_train_as_one_device(data):
+    devices = [f"cpu:{k}" for k in range(data.draw(st.integers(2, 3), label="devices"))]
+    build, given, feeds = random_mlp(data, devices)
+    plan = af.compile(build(devices))
+    assert {n: plan.sbp[n] for n, s in given.items() if s is not None} == {
+        n: repr(s) for n, s in given.items() if s is not None
+    }
+    want = trained(af.compile(build(None)), feeds, steps=2)
+    got = trained(plan, feeds, steps=2)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
