@@ -46,7 +46,8 @@ def parser() -> argparse.ArgumentParser:
         help="train the model a YAML config describes, pipelined over its stages",
         description="Train the run CONFIG describes (see configs/): a progress bar with the loss, "
         "then a table of samples/s, measured pipeline bubble per stage beside the theory "
-        "(p-1)/(m+p-1) and the bubble its stages' measured kernel times alone would give, "
+        "(p-1)/(m+p-1) (under zb1, ZB-H1's with the measured pass times) and the bubble its "
+        "stages' measured kernel times alone would give, "
         "peak activations held per stage and planned and held memory per device. "
         "Under a launcher (actorflow launch -n 2 -- actorflow run CONFIG) the devices are "
         "spread over the ranks in order, one rank per stage replica when the counts match; "

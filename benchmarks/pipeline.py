@@ -24,18 +24,17 @@ Run: python benchmarks/pipeline.py [--steps 4] [--repeats 3] [--width 512] [--ba
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 
 import numpy as np
 
 from actorflow.config import parse_config
 from actorflow.text import columns
-from actorflow.training import compile_config, train
+from actorflow.trace.metrics import PASSES, pipeline_theory
+from actorflow.training import train
 
 
 def config(args, stages, micro_batches, schedule):
@@ -58,48 +57,17 @@ def config(args, stages, micro_batches, schedule):
 def measure(args, stages, micro_batches, schedule, passes=False):
     """Medians over the repeats: (samples/s, bubble per stage, peak activations per stage,
     their bound per stage, theory (p-1)/(m+p-1), and with ``passes`` F, B and W ms per
-    micro-batch from each run's trace, else None)."""
-    runs, times = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for k in range(args.repeats):
-            cfg = config(args, stages, micro_batches, schedule)
-            trace = os.path.join(tmp, f"{k}.json") if passes else None
-            runs.append(train(cfg, trace=trace))
-            if trace is not None:
-                times.append(pass_times(cfg, trace))
+    micro-batch from each run's trace (``RunResult.passes``), else None)."""
+    runs = [train(config(args, stages, micro_batches, schedule)) for _ in range(args.repeats)]
     p = len(stages)
     return (
         statistics.median(r.samples_per_second for r in runs),
         [statistics.median(r.bubbles[s] for r in runs) for s in range(p)],
         [max(r.peak_activations[s] for r in runs) for s in range(p)],
         runs[0].activation_quotas,
-        runs[0].theory,
-        [statistics.median(t[k] for t in times) for k in range(3)] if passes else None,
+        (p - 1) / (micro_batches + p - 1),
+        [statistics.median(r.passes[k] * 1e3 for r in runs) for k in PASSES] if passes else None,
     )
-
-
-def pass_times(cfg, trace):
-    """F, B and W: ms of kernel time per micro-batch on a stage's compute stream, the mean
-    over stages (what the trace holds, the latest steps)."""
-    actors = {a.name: a for a in compile_config(cfg).actors}
-    totals = [0.0, 0.0, 0.0]
-    batches = set()
-    with open(trace) as f:
-        events = json.load(f)["traceEvents"]
-    for e in events:
-        a = actors.get(e.get("args", {}).get("actor"))
-        if e.get("ph") != "X" or a is None or a.kind != "compute" or "micro_batch" not in e["args"]:
-            continue
-        totals[2 if a.weight_grad else 1 if a.backward else 0] += e["dur"] / 1e3
-        batches.add((e["args"]["iteration"], e["args"]["micro_batch"]))
-    stages = len(cfg.parallel.stages)
-    return [t / len(batches) / stages for t in totals]
-
-
-def theory(schedule, p, m, f=1.0, b=1.0, w=1.0):
-    """The bubble's share of a step with F, B and W per micro-batch (section 2 of the paper)."""
-    idle = (p - 1) * max(0.0, f + b - w) if schedule == "zb1" else (p - 1) * (f + b + w)
-    return idle / (m * (f + b + w) + idle)
 
 
 def main() -> int:
@@ -153,7 +121,7 @@ def main() -> int:
                 f"{throughput / baseline:.2f}x",
                 f"{bubbles[0]:.3f}",
                 f"{bubbles[1]:.3f}",
-                f"{theory(schedule, 2, m):.3f}",
+                f"{pipeline_theory(schedule, 2, m):.3f}",
                 str(peaks[0]),
                 str(peaks[1]),
                 f"{bound[0]}/{bound[1]}",
@@ -175,7 +143,7 @@ def zb_rows(measured, micro_batches):
         got = {}
         for schedule in ("1f1b", "zb1"):
             bubbles, (f, b, w) = measured[schedule, m]
-            got[schedule] = (theory(schedule, 2, m, f, b, w), statistics.mean(bubbles))
+            got[schedule] = (pipeline_theory(schedule, 2, m, f, b, w), statistics.mean(bubbles))
             rows.append(
                 (
                     str(m),

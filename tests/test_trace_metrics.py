@@ -9,7 +9,7 @@ import pytest
 
 from actorflow.trace import WAIT, Recorder, summarize
 from actorflow.trace.cli import add_commands, run
-from actorflow.trace.metrics import balanced_bubbles
+from actorflow.trace.metrics import balanced_bubbles, pass_seconds, pipeline_theory
 from actorflow.trace.parse import parse
 from actorflow.trace.recorder import stream_kind
 
@@ -346,3 +346,43 @@ def test_balanced_bubbles_of_uneven_stages():
     stage 0 computes 8 and stage 1 computes 4."""
     assert balanced_bubbles([8.0, 4.0], 4) == pytest.approx([1 / 9, 5 / 9])
     assert balanced_bubbles([0.0, 0.0], 4) == [0.0, 0.0]
+
+
+def test_pass_seconds_splits_compute_by_phase_per_micro_batch_and_stream():
+    def span(tid, phase, mb, ts, dur):
+        args = {"phase": phase, "micro_batch": mb, "iteration": 0}
+        return {
+            "ph": "X",
+            "pid": 0,
+            "tid": tid,
+            "name": "k",
+            "cat": "compute",
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    events = [
+        span(1, "forward", 0, 0, 10),
+        span(1, "forward", 1, 10, 10),
+        span(1, "backward", 0, 20, 6),
+        span(1, "weight", 0, 26, 2),
+        span(2, "forward", 0, 5, 30),
+        span(2, "update", 0, 40, 100),  # not a pass
+    ]
+    got = pass_seconds(parse({"traceEvents": events}))
+    # 2 micro-batches x 2 streams: (10 + 10 + 30) us / 4, 6 us / 4, 2 us / 4
+    assert got == pytest.approx({"forward": 12.5e-6, "backward": 1.5e-6, "weight": 0.5e-6})
+
+
+@pytest.mark.parametrize(
+    "schedule, p, m, f, b, w, expected",
+    [
+        ("1f1b", 2, 4, 1, 1, 1, 1 / 5),  # (p-1)/(m+p-1) at even passes
+        ("gpipe", 4, 8, 2, 3, 1, 3 / 11),
+        ("zb1", 2, 4, 1, 1, 1, 1 / 13),  # (p-1)(F+B-W) / (3m(F) + that)
+        ("zbh1", 3, 8, 1, 1, 3, 0.0),  # W covers F + B: no bubble
+    ],
+)
+def test_pipeline_theory_follows_the_zero_bubble_paper(schedule, p, m, f, b, w, expected):
+    assert pipeline_theory(schedule, p, m, f, b, w) == pytest.approx(expected)

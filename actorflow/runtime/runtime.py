@@ -678,7 +678,7 @@ def _phase(actor: Actor) -> str:
     if actor.kind in ("update", "variable"):
         return "update"
     if actor.kind == "compute":
-        return "backward" if actor.backward else "forward"
+        return "weight" if actor.weight_grad else "backward" if actor.backward else "forward"
     return "communication"
 
 

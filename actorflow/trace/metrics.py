@@ -197,6 +197,39 @@ def balanced_bubbles(busy: Sequence[float], micro_batches: int) -> list[float]:
     return [1.0 - m * t / window if window > 0 else 0.0 for t in times]
 
 
+PASSES = ("forward", "backward", "weight")
+
+
+def pass_seconds(trace: Trace) -> dict[str, float]:
+    """Kernel seconds per micro-batch and compute stream of each pass (the spans'
+    ``phase``: forward, backward as input gradients, weight as weight gradients), over
+    the compute kernels that act once per micro-batch: a pipeline stage's F, B and W."""
+    totals = dict.fromkeys(PASSES, 0)
+    batches, streams = set(), set()
+    for s in trace.spans:
+        phase = s.args.get("phase")
+        if s.is_kernel and phase in totals and "micro_batch" in s.args:
+            totals[phase] += s.end - s.start
+            batches.add((s.args.get("iteration"), s.args["micro_batch"]))
+            streams.add(s.track)
+    per = len(batches) * len(streams)
+    return {phase: _s(t) / per if per else 0.0 for phase, t in totals.items()}
+
+
+def pipeline_theory(
+    schedule: str, stages: int, micro_batches: int, f: float = 1, b: float = 1, w: float = 1
+) -> float:
+    """The bubble's share of a step of ``micro_batches`` through ``stages`` stages taking F,
+    B and W per micro-batch (Qi et al., arXiv 2401.10241, section 2): GPipe and 1F1B idle
+    (p-1)(F+B+W), which is (p-1)/(m+p-1) of the step; ZB-H1 (``zb1``, ``zbh1``) idles
+    (p-1)(F+B-W)."""
+    p, m = stages, micro_batches
+    zero_bubble = schedule in ("zb1", "zbh1")
+    idle = (p - 1) * (max(0.0, f + b - w) if zero_bubble else f + b + w)
+    step = m * (f + b + w) + idle
+    return idle / step if step > 0 else 0.0
+
+
 def critical_path(trace: Trace) -> CriticalPath:
     """The longest chain (module docstring), by dynamic programming over kernels in start order."""
     order = [i for i, s in enumerate(trace.spans) if s.is_kernel]

@@ -17,10 +17,11 @@ from .parse import COPY_CATEGORIES, Trace, parse
 from .recorder import STEP, WAIT
 
 INSTALL = "pip install 'actorflow[plot]'"
-PHASES = ("forward", "backward", "update", "communication")
+PHASES = ("forward", "backward", "weight", "update", "communication")
 COLORS = {
     "forward": "#4C72B0",
     "backward": "#DD8452",
+    "weight": "#DA8BC3",
     "update": "#8172B3",
     "communication": "#55A868",
     "compute": "#64B5CD",  # a kernel of a trace that names no phase

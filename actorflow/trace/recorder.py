@@ -19,7 +19,8 @@ carry (README, "Traces", names the same):
 - ``stage`` (int): the pipeline stage of the actor's device (plans compiled with
   ``stages=``), which the bubble metric reads;
 - ``rank`` (int): the process that ran it (0 in a one-process run);
-- ``phase``: ``forward``, ``backward``, ``update`` or ``communication``, the plot's colours;
+- ``phase``: ``forward``, ``backward`` (input gradients), ``weight`` (weight gradients,
+  what zero-bubble schedules defer), ``update`` or ``communication``, the plot's colours;
 - ``inputs``: ``[[producer_actor, producer_act], ...]`` the acts whose registers this span
   read. Each one recorded on another track becomes a flow arrow producer -> consumer;
   ``inputs`` itself is left out of the exported args, except in a rank's trace.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..compiler.schedules import ZERO_BUBBLE
 from ..config import Config
 from ..text import columns
 from .runner import RunResult
@@ -25,7 +26,7 @@ def table(config: Config, result: RunResult) -> str:
             "devices",
             "layers",
             "bubble",
-            "theory (p-1)/(m+p-1)",
+            "theory",
             "at these stage times",
             "peak activations",
             "quota",
@@ -49,6 +50,7 @@ def table(config: Config, result: RunResult) -> str:
         f"critical path: {result.handoff_share:.0%} between kernels (host hand-offs, event waits, "
         "queueing), the rest in kernels"
     )
+    lines.append(_theory_line(parallel.schedule, result))
     lines.append(
         "at these stage times: the bubble with each stage's measured kernel time and no time "
         "between kernels (uneven stages raise it above the theory)"
@@ -64,6 +66,16 @@ def table(config: Config, result: RunResult) -> str:
         for device, nbytes in sorted(result.memory.items())
     ]
     return "\n".join(lines)
+
+
+def _theory_line(schedule: str, result: RunResult) -> str:
+    if schedule not in ZERO_BUBBLE:
+        return "theory: (p-1)/(m+p-1), the bubble of GPipe and 1F1B with even stages"
+    f, b, w = (result.passes.get(k, 0.0) * 1e3 for k in ("forward", "backward", "weight"))
+    return (
+        "theory: ZB-H1's (p-1)(F+B-W) of a step of m(F+B+W) plus that, with F, B, W the measured "
+        f"{f:.2f}, {b:.2f}, {w:.2f} ms a micro-batch"
+    )
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:

@@ -9,14 +9,15 @@ import attrs
 import numpy as np
 
 from ..compiler import compile
-from ..compiler.schedules import kept_for_backward
+from ..compiler.schedules import ZERO_BUBBLE, kept_for_backward
 from ..config import Config
 from ..plan import Plan
 from ..runtime import Session
 from ..runtime.logical import assemble
 from ..runtime.transport import gather
 from ..trace.merge import merge
-from ..trace.metrics import GAP, balanced_bubbles, summarize
+from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
+from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from .data import Part, dataset, step_feeds
 from .model import build_graph
@@ -27,7 +28,10 @@ REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB,
 @attrs.frozen
 class RunResult:
     """What a run did. ``bubbles``: per stage, the measured idle fraction of its (first
-    replica's) compute stream within the steps (see ``trace.metrics``); ``theory``: (p-1)/(m+p-1);
+    replica's) compute stream within the steps (see ``trace.metrics``); ``theory``: (p-1)/(m+p-1), or under ZB-H1
+    its share with the measured F, B and W (``trace.metrics.pipeline_theory``); ``passes``:
+    F, B and W, the kernel seconds per micro-batch and stage of the forward pass, the
+    input gradients and the weight gradients (``trace.metrics.pass_seconds``);
     ``bubble_steps``: how many steps (the last ones) the bubbles were measured over: a
     run holds the spans of its latest steps only, ``REPORT_SPANS`` of them (a traced
     run's trace, ``TRACE_LIMIT``), so memory stays flat however long it runs; ``trace_note``:
@@ -61,6 +65,7 @@ class RunResult:
     handoff_share: float = 0.0
     trace_note: str = ""
     balanced: list[float] = attrs.Factory(list)
+    passes: dict[str, float] = attrs.Factory(dict)
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -128,7 +133,15 @@ def train(
     kept = kept_bytes_per_stage(plan, stats, stages)
     # a rank other than 0 measures the stages whose first replica it holds
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
-    summary = summarize(chrome, [stage[0] for stage, mine in zip(stages, ours) if mine])
+    parsed = parse(chrome)
+    summary = summarize_parsed(parsed, [stage[0] for stage, mine in zip(stages, ours) if mine])
+    passes = pass_seconds(parsed)
+    schedule = config.parallel.schedule
+    theory = (
+        pipeline_theory(schedule, p, m, passes["forward"], passes["backward"], passes["weight"])
+        if schedule in ZERO_BUBBLE
+        else (p - 1) / (m + p - 1)
+    )
     measured = iter(summary.stages)
     bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     balanced = balanced_bubbles([b.busy_s for b in summary.stages], m) if all(ours) else []
@@ -140,7 +153,8 @@ def train(
         bubbles=bubbles,
         bubble_steps=config.train.steps - other.get("kept_from", 0),
         trace_note=other.get("note", "") if trace is not None else "",
-        theory=(p - 1) / (m + p - 1),
+        theory=theory,
+        passes=passes,
         balanced=balanced,
         peak_activations=peaks,
         activation_quotas=quotas,
