@@ -14,7 +14,8 @@ _SYNC_STYLE = {
 
 
 def overview(plan: Plan) -> str:
-    """Streams with their actors per kind, collectives, events and memory per device."""
+    """Streams with their actors per kind, the predicted communication, the SBP of the
+    placeholders and parameters on several devices, and memory per device."""
     lines = [headline(plan), *stream_usage(plan)]
     for stream in plan.streams:
         kinds: dict[str, int] = {}
@@ -24,6 +25,12 @@ def overview(plan: Plan) -> str:
                 kinds[kind] = kinds.get(kind, 0) + 1
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         lines.append(f"  {stream.name:<20} {counts}")
+    if plan.collectives:
+        lines.append(f"predicted communication: {plan.communication_per_step():,} bytes a step")
+    if plan.sbp:
+        parameters = {p.name for p in plan.parameters} | {lt.name for lt in plan.logical}
+        shown = [f"{name} {sbp}" for name, sbp in plan.sbp.items() if name in parameters]
+        lines.append("SBP of the placeholders and parameters: " + ", ".join(shown))
     lines.append(
         "planned memory: " + ", ".join(f"{d} {n / 2**20:.2f} MiB" for d, n in sorted(plan.memory.items()))
     )

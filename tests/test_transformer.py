@@ -9,6 +9,7 @@ import pytest
 from actorflow.config import load_config, parse_config
 from actorflow.training import compile_config, train
 from actorflow.training.data import TEXT, characters, dataset
+from actorflow.views import overview
 
 SMALL = {
     "model": {
@@ -121,6 +122,9 @@ def test_megatron_annotations_make_two_all_reduces_per_block_each_way(layers, tp
     assert {name: plan.sbp[name] for name in annotated} == annotated
     assert plan.sbp["h0.ln1.gamma"] == "B" and plan.sbp["x"] == "B"
     assert "SBP of the tensors on several devices\n" in plan.summary()
+    shown = overview(plan)
+    assert "h0.wq S(1), h0.wk S(1)" in shown
+    assert f"predicted communication: {plan.communication_per_step():,} bytes a step" in shown
 
 
 def test_the_shipped_config_trains_and_its_loss_falls():
