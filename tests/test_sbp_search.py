@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import actorflow as af
+import test_transformer
 from actorflow.compiler.sbp_search import predicted_cost
 from actorflow.config import parse_config
 from actorflow.training import transformer
@@ -81,18 +82,9 @@ def _parse(text):
     return af.B if text == "B" else af.S(int(text[2]))
 
 
-SMALL = {
-    "model": {
-        "kind": "transformer",
-        "vocab": 64,
-        "d_model": 32,
-        "heads": 4,
-        "layers": 1,
-        "seq_len": 16,
-        "dtype": "float64",
-    },
-    "data": {"kind": "text", "samples": 64, "seed": 0},
-    "train": {"steps": 3, "batch_size": 8, "optimizer": {"kind": "adam", "lr": 0.01}},
+SMALL = test_transformer.SMALL | {
+    "model": test_transformer.SMALL["model"] | {"d_model": 32, "layers": 1, "seq_len": 16},
+    "train": test_transformer.SMALL["train"] | {"steps": 3},
 }
 
 
