@@ -447,13 +447,13 @@ def test_every_span_of_a_pipelined_run_carries_its_stage_rank_and_phase():
             expected = (
                 "update"
                 if actor.kind in ("update", "variable")
-                else ("backward" if actor.backward else "forward")
+                else ("weight" if actor.weight_grad else "backward" if actor.backward else "forward")
                 if actor.kind == "compute"
                 else "communication"
             )
             assert sp.args["phase"] == expected, sp
     phases = Counter(sp.args["phase"] for sp in spans)
-    assert {"forward", "backward", "update", "communication"} <= set(phases)
+    assert {"forward", "backward", "weight", "update", "communication"} <= set(phases)
 
 
 def forwards_before_backward(schedule: str) -> list[int]:
