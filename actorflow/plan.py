@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import pickle
 import reprlib
 from collections import Counter
@@ -124,7 +125,7 @@ class Register:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
     @property
     def is_parameter(self) -> bool:
