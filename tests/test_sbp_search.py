@@ -185,3 +185,12 @@ def test_random_annotations_are_kept_and_train_as_one_device(data):
     got = trained(plan, feeds, steps=2)
     for name, value in want.items():
         np.testing.assert_allclose(got[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_the_search_logs_its_moves(caplog):
+    with caplog.at_level("INFO", logger="actorflow.compiler"):
+        af.compile(mlp(dict.fromkeys(DP)))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("SBP search")]
+    assert lines[0].startswith("SBP search: 4 undecided tensors")
+    assert any("w1 S(1)" in line for line in lines[1:-1])
+    assert lines[-1].startswith("SBP search: done after")

@@ -27,6 +27,7 @@ no such move costs less.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -39,6 +40,8 @@ from ..parallel.build import minimize
 from ..parallel.program import Call, Leaf, undecided
 from ..parallel.replay import replay
 from ..parallel.sbp import SBP, B, S
+
+log = logging.getLogger("actorflow.compiler")
 
 BANDWIDTH = 10e9
 """Bytes/s of a link, when compile is given no link_bandwidth."""
@@ -74,6 +77,12 @@ def choose_sbp(graph: Graph, bandwidth: float | None = None, flops: float = FLOP
         for a, b in _nearby_pairs(graph, leaves)
         for sa, sb in itertools.product(options[a], options[b])
     ]
+    log.info(
+        "SBP search: %d undecided tensors, %d moves, from all B at %.3g s a step",
+        len(leaves),
+        len(moves),
+        best,
+    )
     while True:
         trials = []
         for move in moves:
@@ -83,7 +92,10 @@ def choose_sbp(graph: Graph, bandwidth: float | None = None, flops: float = FLOP
         cost, trial = min(trials, key=lambda t: t[0], default=(best, choice))
         if not cost < best * (1 - 1e-9):
             break
+        changed = ", ".join(f"{name} {sbp!r}" for name, sbp in trial.items() if choice[name] != sbp)
+        log.info("SBP search: %s: %.3g s a step", changed, cost)
         best, choice = cost, trial
+    log.info("SBP search: done after %d strategies", len(model.seen))
     return replay(graph, choice)
 
 
