@@ -19,15 +19,16 @@ cost model):
 
 The search starts from every undecided leaf broadcast, the strategy any op accepts,
 and improves it greedily (OneFlow's neighbourhood search): it moves to the cheapest
-strategy that changes one leaf, or two leaves first read within a few steps of each
-other (a matmul's weight and the next one's, which Megatron splits together), until
-no such move costs less.
+strategy that changes one leaf, or two weights first read within a few steps of each
+other (a matmul's and the next one's, which Megatron splits together), until no such
+move costs less.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -50,7 +51,8 @@ FLOPS = 100e9
 """Multiply-adds/s of a device."""
 
 NEARBY = 12
-"""Two undecided leaves first read at most this many program steps apart may move together."""
+"""Two undecided leaves of two dims or more (weights) first read at most this many
+program steps apart may move together."""
 
 
 def choose_sbp(graph: Graph, bandwidth: float | None = None, flops: float = FLOPS) -> Graph:
@@ -71,25 +73,20 @@ def choose_sbp(graph: Graph, bandwidth: float | None = None, flops: float = FLOP
     model = _CostModel(graph, bandwidth or BANDWIDTH, flops)
     choice: dict[str, SBP] = {leaf.name: B for leaf in leaves}
     best = model.cost(choice)
-    moves = [[(leaf.name, sbp)] for leaf in leaves for sbp in options[leaf.name]]
-    moves += [
+    singles = [[(leaf.name, sbp)] for leaf in leaves for sbp in options[leaf.name]]
+    pairs = [
         [(a, sa), (b, sb)]
-        for a, b in _nearby_pairs(graph, leaves)
+        for a, b in _nearby_pairs(graph, [leaf for leaf in leaves if len(leaf.shape) >= 2])
         for sa, sb in itertools.product(options[a], options[b])
     ]
     log.info(
         "SBP search: %d undecided tensors, %d moves, from all B at %.3g s a step",
         len(leaves),
-        len(moves),
+        len(singles) + len(pairs),
         best,
     )
     while True:
-        trials = []
-        for move in moves:
-            trial = choice | dict(move)
-            if trial != choice:
-                trials.append((model.cost(trial), trial))
-        cost, trial = min(trials, key=lambda t: t[0], default=(best, choice))
+        cost, trial = _best_move(model, choice, singles + pairs)
         if not cost < best * (1 - 1e-9):
             break
         changed = ", ".join(f"{name} {sbp!r}" for name, sbp in trial.items() if choice[name] != sbp)
@@ -97,6 +94,13 @@ def choose_sbp(graph: Graph, bandwidth: float | None = None, flops: float = FLOP
         best, choice = cost, trial
     log.info("SBP search: done after %d strategies", len(model.seen))
     return replay(graph, choice)
+
+
+def _best_move(model: _CostModel, choice: dict[str, SBP], moves: list) -> tuple[float, dict[str, SBP]]:
+    trials = [choice | dict(move) for move in moves]
+    return min(
+        ((model.cost(t), t) for t in trials if t != choice), key=lambda t: t[0], default=(math.inf, choice)
+    )
 
 
 def predicted_cost(graph: Graph, sbp: Mapping[str, SBP], bandwidth: float | None = None) -> float:
