@@ -1,7 +1,8 @@
 """Every training feature at once, drawn at random: pipeline stages, data-parallel
 replicas, micro-batches, the schedule (GPipe, 1F1B, ZB-H1), recompute per stage,
-optimizer sharding and the optimizer. Whatever the draw, training ends where the same
-model trained on one device with the whole batch ends."""
+optimizer sharding and the optimizer for the MLP; stages, replicas, tensor parallelism,
+micro-batches, schedule and recompute for the transformer. Whatever the draw, training
+ends where the same model trained on one device with the whole batch ends."""
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -56,3 +57,43 @@ def test_any_combination_trains_as_one_device(run):
     np.testing.assert_allclose(got.losses, want.losses, rtol=1e-9)
     for name, value in want.parameters.items():
         np.testing.assert_allclose(got.parameters[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+@st.composite
+def transformer_runs(draw):
+    p, dp, tp = (draw(st.sampled_from([1, 2]), label=k) for k in ("stages", "replicas", "tensor parallel"))
+    devices = iter(f"cpu:{k}" for k in range(p * dp * tp))
+    return {
+        "model": {
+            "kind": "transformer",
+            "vocab": 64,
+            "d_model": 8,
+            "heads": 2,
+            "layers": draw(st.integers(p, 2), label="layers"),
+            "seq_len": 4,
+            "dtype": "float64",
+        },
+        "data": {"kind": "text", "samples": 32, "seed": draw(st.integers(0, 9), label="seed")},
+        "train": {"steps": 2, "batch_size": 8, "optimizer": {"kind": "adam", "lr": 0.01}},
+        "parallel": {
+            "stages": [[next(devices) for _ in range(dp * tp)] for _ in range(p)],
+            "data_parallel": dp,
+            "tensor_parallel": tp,
+            "micro_batches": draw(st.sampled_from([1, 2]), label="micro-batches"),
+            "schedule": draw(st.sampled_from(["gpipe", "1f1b", "zb1"]), label="schedule"),
+            "recompute": draw(st.booleans(), label="recompute"),
+        },
+    }
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transformer_runs())
+def test_any_transformer_layout_trains_as_one_device(run):
+    got = train(parse_config(run))
+    want = train(parse_config(run | {"parallel": {"stages": ["cpu:0"]}}))
+    np.testing.assert_allclose(got.losses, want.losses, rtol=1e-6)
+    assert {name.split("@")[0] for name in got.parameters} == set(want.parameters)
+    for name, value in got.parameters.items():  # with tensor and data parallelism, NAME@r per replica
+        np.testing.assert_allclose(
+            value, want.parameters[name.split("@")[0]], rtol=1e-6, atol=1e-12, err_msg=name
+        )
