@@ -194,3 +194,31 @@ def test_the_search_logs_its_moves(caplog):
     assert lines[0].startswith("SBP search: 4 undecided tensors")
     assert any("w1 S(1)" in line for line in lines[1:-1])
     assert lines[-1].startswith("SBP search: done after")
+
+
+@pytest.mark.parametrize("form", ["block", "per op"])
+def test_recompute_marks_survive_the_search(form):
+    place = ["cpu:0", "cpu:1"]
+    with af.Graph() as g:
+        x = af.placeholder("x", (N, D), "float64", place, af.S(0))
+        y = af.placeholder("y", (N,), "int64", place)
+        w1, w2 = af.parameter("w1", W1, place), af.parameter("w2", W2, place)
+        if form == "block":
+            with af.recompute():
+                h = af.ops.relu(af.ops.matmul(x, w1))
+        else:
+            h = af.recompute(af.ops.relu(af.recompute(af.ops.matmul(x, w1))))
+        loss = af.ops.softmax_cross_entropy(af.ops.matmul(h, w2), y)
+        af.minimize(loss, af.optim.SGD(0.1, momentum=0.5))
+        af.output("loss", loss)
+    plan = af.compile(g)
+    assert sorted(a.op for a in plan.actors if a.name.endswith(".recompute")) == [
+        "matmul",
+        "matmul",
+        "relu",
+        "relu",
+    ]
+    want = trained(af.compile(mlp(None)), {"x": X, "y": Y})
+    got = trained(plan, {"x": X, "y": Y})
+    for name, value in want.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-9, err_msg=name)

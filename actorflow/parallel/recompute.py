@@ -21,6 +21,7 @@ from ..graph.builder import fail, graph_for
 from ..graph.ir import Graph, Node, Tensor
 from ..ops.registry import lookup
 from .global_tensor import GlobalTensor
+from .program import Call, Pending, record_call
 
 COMMUNICATION = ("collective", "copy")
 
@@ -38,6 +39,8 @@ class Block:
         if graph.building_backward:
             raise fail("recompute", "the backward pass is not recomputed; mark forward ops only")
         self._open.append((graph, len(graph.nodes)))
+        if graph.program is not None:  # so that a replay (parallel.replay) marks its ops too
+            graph.program.append(Call(self.__enter__, (), {}, op=False))
 
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
@@ -48,6 +51,8 @@ class Block:
         for node in graph.nodes[start:]:
             if not node.backward and markable(node, self.comm):
                 graph.nodes[node.id] = attrs.evolve(node, recompute=True)
+        if graph.program is not None:
+            graph.program.append(Call(self.__exit__, (None, None, None), {}, op=False))
 
 
 def markable(node: Node, comm: bool) -> bool:
@@ -80,6 +85,8 @@ def recompute(
     """
     if tensor is None:
         return Block(comm)
+    if isinstance(tensor, Pending):
+        return record_call(recompute, (tensor,), {"comm": comm}, tensor, op=False)
     parts = tensor.locals if isinstance(tensor, GlobalTensor) else (tensor,)
     for t in parts:
         if not isinstance(t, Tensor):
@@ -95,4 +102,6 @@ def recompute(
             hint = "; pass comm=True to recompute it" if kind in COMMUNICATION else ", kept anyway"
             raise fail("recompute", f"{t.name!r} is made by a {kind} op ({node.op}){hint}")
         graph.nodes[node.id] = attrs.evolve(node, recompute=True)
+    if isinstance(tensor, GlobalTensor):
+        record_call(recompute, (tensor,), {"comm": comm}, tensor, op=False)
     return tensor
