@@ -112,7 +112,6 @@ def _forward(config: Config, stages: list, rows: int, ids, labels, param) -> Any
         u = ops.gelu(ops.bias_add(ops.matmul(m, p["w1"]), p["b1"]))
         return ops.add(h, ops.bias_add(ops.matmul(u, p["w2"]), p["b2"]))
 
-    # Global tensors go through @dispatchable ops, whose annotations show one device only.
     h = ops.embedding(ids, param("embedding", stages[0]))
     h = ops.reshape(ops.bias_add(h, param("position", stages[0])), (rows * seq, d))
     layer = 0
