@@ -33,6 +33,7 @@ from cattrs.gen import make_dict_structure_fn
 from .devices import parse_device
 from .errors import ConfigError
 from .plan import DEFAULT_RESOURCES
+from .text import count
 
 Device = NewType("Device", str)
 """A canonical device name: structuring runs the YAML string through parse_device."""
@@ -262,10 +263,6 @@ def _shown(value: Any) -> str:
 
 def _names(cls: type) -> str:
     return ", ".join(sorted(field.name for field in attrs.fields(cls)))
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 # -- YAML and overrides ------------------------------------------------------------
@@ -603,7 +600,7 @@ def _check_stages(config: Config) -> None:
     if len(stages) > layers:
         raise _fail(
             "parallel.stages",
-            f"{len(stages)} stages but {_layers_of(config)} has only {_count(layers, 'layer')}",
+            f"{len(stages)} stages but {_layers_of(config)} has only {count(layers, 'layer')}",
         )
     if tp > 1 and config.model.kind != "transformer":
         raise _fail("parallel.tensor_parallel", "only the transformer model splits its layers over devices")
@@ -645,7 +642,7 @@ def _check_partition(config: Config) -> None:
     if sum(partition) != layers:
         raise _fail(
             "parallel.partition",
-            f"sums to {sum(partition)} but {_layers_of(config)} has {_count(layers, 'layer')}",
+            f"sums to {sum(partition)} but {_layers_of(config)} has {count(layers, 'layer')}",
         )
 
 

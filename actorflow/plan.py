@@ -280,11 +280,10 @@ class Plan:
     def communication_per_step(self) -> int:
         """Bytes the collectives move over the links in one step (``Collective.nbytes``
         times its acts a step)."""
-        acts = (
-            self.micro_batches // self.actors[c.actors[0]].every * self.actors[c.actors[0]].calls
-            for c in self.collectives
+        firsts = (self.actors[c.actors[0]] for c in self.collectives)
+        return sum(
+            c.nbytes * (self.micro_batches // a.every) * a.calls for c, a in zip(self.collectives, firsts)
         )
-        return sum(c.nbytes * n for c, n in zip(self.collectives, acts))
 
     @property
     def events(self) -> tuple[tuple[int, int], ...]:

@@ -1,8 +1,14 @@
-"""Text for people: rows of cells as aligned columns (reports and benchmarks print them)."""
+"""Text for people: counted nouns, and rows of cells as aligned columns (reports and
+benchmarks print them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+def count(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and its noun: "1 stage", "2 stages", "4 micro-batches" (``many`` where "s" won't do)."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def columns(rows: Sequence[Sequence[str]]) -> list[str]:

@@ -28,8 +28,8 @@ def overview(plan: Plan) -> str:
     if plan.collectives:
         lines.append(f"predicted communication: {plan.communication_per_step():,} bytes a step")
     if plan.sbp:
-        parameters = {p.name for p in plan.parameters} | {lt.name for lt in plan.logical}
-        shown = [f"{name} {sbp}" for name, sbp in plan.sbp.items() if name in parameters]
+        leaves = {lt.name for lt in plan.logical}
+        shown = [f"{name} {sbp}" for name, sbp in plan.sbp.items() if name in leaves]
         lines.append("SBP of the placeholders and parameters: " + ", ".join(shown))
     lines.append(
         "planned memory: " + ", ".join(f"{d} {n / 2**20:.2f} MiB" for d, n in sorted(plan.memory.items()))

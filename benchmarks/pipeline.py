@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 
+from actorflow.compiler.schedules import ZERO_BUBBLE
 from actorflow.config import parse_config
 from actorflow.text import columns
 from actorflow.trace.metrics import PASSES, pipeline_theory
@@ -121,7 +122,7 @@ def main() -> int:
                 f"{throughput / baseline:.2f}x",
                 f"{bubbles[0]:.3f}",
                 f"{bubbles[1]:.3f}",
-                f"{pipeline_theory(schedule, 2, m):.3f}",
+                f"{pipeline_theory(2, m, zero_bubble=schedule in ZERO_BUBBLE):.3f}",
                 str(peaks[0]),
                 str(peaks[1]),
                 f"{bound[0]}/{bound[1]}",
@@ -143,7 +144,10 @@ def zb_rows(measured, micro_batches):
         got = {}
         for schedule in ("1f1b", "zb1"):
             bubbles, (f, b, w) = measured[schedule, m]
-            got[schedule] = (pipeline_theory(schedule, 2, m, f, b, w), statistics.mean(bubbles))
+            got[schedule] = (
+                pipeline_theory(2, m, f, b, w, zero_bubble=schedule in ZERO_BUBBLE),
+                statistics.mean(bubbles),
+            )
             rows.append(
                 (
                     str(m),

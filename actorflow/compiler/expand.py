@@ -13,7 +13,8 @@ import attrs
 
 from ..graph.ir import Graph, Node
 from ..ops.registry import lookup
-from ..plan import Actor, Collective, Consumer, Feed, Input, Output, Parameter, Plan, Register
+from ..plan import Actor, Collective, Feed, Input, Output, Parameter, Plan, Register
+from .topology import with_consumers
 
 
 def expand(graph: Graph) -> Plan:
@@ -85,14 +86,9 @@ def expand(graph: Graph) -> Plan:
             elif kind == "fetch":
                 outputs.append(Output(node.name, actor_id))
 
-    consumers: dict[int, list[Consumer]] = {r.id: [] for r in registers}
-    for actor in actors:
-        for slot, i in enumerate(actor.inputs):
-            consumers[i.register].append(Consumer(actor.id, slot))
-    registers = [attrs.evolve(r, consumers=tuple(consumers[r.id])) for r in registers]
     return Plan(
         actors=tuple(actors),
-        registers=tuple(registers),
+        registers=with_consumers(actors, registers),
         collectives=tuple(collectives),
         feeds=tuple(feeds),
         outputs=tuple(outputs),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import attrs
 
-from ..ops.collective import ring_bytes, ring_seconds
+from ..ops.collective import ring_seconds, ring_total_bytes
 from ..plan import Plan
 
 
@@ -19,7 +19,7 @@ def predict_communication(plan: Plan) -> Plan:
     for coll in plan.collectives:
         first = plan.actors[coll.actors[0]]
         call = sum(plan.registers[i.register].nbytes for i in first.inputs) // first.calls
-        nbytes = round(len(coll.actors) * ring_bytes(coll.op, call, len(coll.actors)))
+        nbytes = round(ring_total_bytes(coll.op, call, len(coll.actors)))
         collectives.append(attrs.evolve(coll, nbytes=nbytes))
     return attrs.evolve(plan, collectives=tuple(collectives))
 

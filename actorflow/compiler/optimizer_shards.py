@@ -28,6 +28,7 @@ from ..errors import CompileError
 from ..graph.ir import OptimizerShard
 from ..ops import kernels
 from ..plan import Actor, Collective, Consumer, Input, Plan, Register
+from .topology import with_consumers
 
 
 def shard_optimizer(plan: Plan, shards: Sequence[OptimizerShard]) -> tuple[Plan, list[str]]:
@@ -47,6 +48,7 @@ class _Edit:
         self.registers = list(plan.registers)
         self.collectives = list(plan.collectives)
         self.parameters = {p.name: p for p in plan.parameters}
+        self.parameter_of = {p.register: p.name for p in plan.parameters}
         self.logical = {lt.name: lt for lt in plan.logical if lt.kind == "parameter"}
 
     def plan(self) -> Plan:
@@ -54,7 +56,7 @@ class _Edit:
         return attrs.evolve(
             self.base,
             actors=tuple(self.actors),
-            registers=tuple(self.registers),
+            registers=with_consumers(self.actors, self.registers),
             collectives=tuple(self.collectives),
             parameters=tuple(self.parameters[p.name] for p in self.base.parameters),
             logical=logical,
@@ -111,8 +113,8 @@ class _Edit:
 
     def _slice(self, reg: Register, axis: int, k: int, n: int) -> None:
         self.registers[reg.id] = attrs.evolve(reg, shape=_sliced(reg.shape, axis, n))
-        param = next((p for p in self.parameters.values() if p.register == reg.id), None)
-        if param is not None:
+        if reg.id in self.parameter_of:
+            param = self.parameters[self.parameter_of[reg.id]]
             value = np.ascontiguousarray(np.split(param.value, n, axis=axis)[k])
             self.parameters[param.name] = attrs.evolve(param, value=value)
 
@@ -120,12 +122,10 @@ class _Edit:
         """An all-gather participant reading the variable; the variable's readers other
         than its update read what it gathers instead. Returns the gathered register."""
         actor_id, reg_id = len(self.actors), len(self.registers)
-        readers = tuple(c for c in var.consumers if c.actor != update.id)
-        self.registers.append(
-            Register(reg_id, f"{var.name}.gathered", actor_id, var.device, full, var.dtype, readers)
-        )
-        for c in readers:
-            self._rewire(c, reg_id)
+        self.registers.append(Register(reg_id, f"{var.name}.gathered", actor_id, var.device, full, var.dtype))
+        for c in var.consumers:
+            if c.actor != update.id:
+                self._rewire(c, reg_id)
         variable = self.actors[var.producer]
         self.actors.append(
             Actor(
@@ -143,10 +143,6 @@ class _Edit:
                 every=variable.every,
             )
         )
-        kept = tuple(c for c in var.consumers if c.actor == update.id)
-        self.registers[var.id] = attrs.evolve(
-            self.registers[var.id], consumers=(Consumer(actor_id, 0), *kept)
-        )
         return reg_id
 
     def _reduce_scatter(self, coll: Collective, updates: list[Actor], spec: OptimizerShard) -> None:
@@ -160,27 +156,15 @@ class _Edit:
             reduce = attrs.evolve(
                 reduce, op="reduce_scatter", kernel=kernels.reduce_scatter, attrs={"axis": spec.axis}
             )
+            self.actors[actor_id] = reduce
+            self.registers[out.id] = attrs.evolve(out, shape=_sliced(out.shape, spec.axis, n))
             if not (spec.accumulate_sharded and accumulate is not None and accumulate.op == "accumulate"):
-                self.actors[actor_id] = reduce
-                self.registers[out.id] = attrs.evolve(out, shape=_sliced(out.shape, spec.axis, n))
                 continue
             # dW -> accumulate -> all-reduce -> update becomes dW -> reduce-scatter -> accumulate -> update
-            grad = self.registers[accumulate.inputs[0].register]
-            self.registers[grad.id] = attrs.evolve(
-                grad,
-                consumers=tuple(
-                    Consumer(actor_id, 0) if c.actor == accumulate.id else c for c in grad.consumers
-                ),
-            )
-            self.actors[actor_id] = attrs.evolve(reduce, inputs=(Input(grad.id),), every=accumulate.every)
-            self.registers[out.id] = attrs.evolve(
-                out, shape=_sliced(out.shape, spec.axis, n), consumers=(Consumer(accumulate.id, 0),)
-            )
+            self.actors[actor_id] = attrs.evolve(reduce, inputs=accumulate.inputs, every=accumulate.every)
             self.actors[accumulate.id] = attrs.evolve(accumulate, inputs=(Input(out.id),))
-            self.registers[source.id] = attrs.evolve(
-                source, shape=_sliced(source.shape, spec.axis, n), consumers=(Consumer(update.id, 1),)
-            )
             self._rewire(Consumer(update.id, 1), source.id)
+            self.registers[source.id] = attrs.evolve(source, shape=_sliced(source.shape, spec.axis, n))
 
     def _rewire(self, consumer: Consumer, register: int) -> None:
         actor = self.actors[consumer.actor]

@@ -24,8 +24,8 @@ import math
 
 import attrs
 
-from ..plan import Actor, Collective, Consumer, Input, Plan, Register
-from .topology import data_edges, positions, unit_of
+from ..plan import Actor, Collective, Input, Plan, Register
+from .topology import data_edges, positions, unit_of, with_consumers
 
 
 def recompute(plan: Plan) -> Plan:
@@ -65,7 +65,7 @@ def recompute(plan: Plan) -> Plan:
     return attrs.evolve(
         plan,
         actors=tuple(actors),
-        registers=_with_consumers(actors, registers),
+        registers=with_consumers(actors, registers),
         collectives=tuple(collectives),
     )
 
@@ -177,11 +177,3 @@ def _wait(actors: list[Actor], registers: list[Register], producer: int, consume
     registers.append(reg)
     actors[producer] = attrs.evolve(before, outputs=(*before.outputs, reg.id))
     actors[consumer] = attrs.evolve(after, inputs=(*after.inputs, Input(reg.id)))
-
-
-def _with_consumers(actors: list[Actor], registers: list[Register]) -> tuple[Register, ...]:
-    consumers: list[list[Consumer]] = [[] for _ in registers]
-    for actor in actors:
-        for slot, i in enumerate(actor.inputs):
-            consumers[i.register].append(Consumer(actor.id, slot))
-    return tuple(attrs.evolve(r, consumers=tuple(c)) for r, c in zip(registers, consumers))

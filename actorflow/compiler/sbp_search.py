@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import CompileError
 from ..graph.ir import Graph, Node
-from ..ops.collective import ring_bytes
+from ..ops.collective import ring_total_bytes
 from ..ops.registry import lookup
 from ..parallel.build import minimize
 from ..parallel.program import Call, Leaf, undecided
@@ -144,8 +144,8 @@ class _CostModel:
         moved = 2 * sum(_ring_bytes(forward, node) for node in forward.nodes)
         for leaf in self.graph.program or ():
             if isinstance(leaf, Leaf) and leaf.name in self.updated and (leaf.sbp or sbp[leaf.name]) == B:
-                n = len(leaf.devices)
-                moved += n * ring_bytes("all_reduce", _nbytes(leaf.shape, leaf.dtype), n)
+                nbytes = math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+                moved += ring_total_bytes("all_reduce", nbytes, len(leaf.devices))
         busiest = max(_work_per_device(forward).values(), default=0)
         return moved / self.bandwidth + 3 * busiest / self.flops
 
@@ -162,16 +162,11 @@ def _updated_parameters(graph: Graph) -> set[str]:
     return names
 
 
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-
-
 def _ring_bytes(graph: Graph, node: Node) -> float:
     if lookup(node.op).kind != "collective":
         return 0.0
     n = len({graph.meta(ref).device for ref in node.inputs} | {m.device for m in node.outputs})
-    first = graph.meta(node.inputs[0])
-    return n * ring_bytes(node.op, _nbytes(first.shape, first.dtype), n)
+    return ring_total_bytes(node.op, graph.meta(node.inputs[0]).nbytes, n)
 
 
 def _work_per_device(graph: Graph) -> dict[str, float]:

@@ -5,10 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
 
+import attrs
+
 from ..dag import Edges, topological_order
-from ..plan import Plan
+from ..plan import Actor, Consumer, Plan, Register
 from ..plan_check import data_edges
 from ..plan_check import unit_of as unit_of  # the passes take both from here
+
+
+def with_consumers(actors: Sequence[Actor], registers: Sequence[Register]) -> tuple[Register, ...]:
+    """The registers with their consumers read off the actors' inputs, in actor order
+    (for passes that rewire inputs and leave the consumers to this)."""
+    consumers: list[list[Consumer]] = [[] for _ in registers]
+    for actor in actors:
+        for slot, i in enumerate(actor.inputs):
+            consumers[i.register].append(Consumer(actor.id, slot))
+    return tuple(attrs.evolve(r, consumers=tuple(c)) for r, c in zip(registers, consumers))
 
 
 def positions(edges: Edges) -> dict[int, int]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from contextvars import ContextVar
 from typing import Any
 
 import attrs
+import numpy as np
 
 from ..plan import LogicalTensor
 
@@ -16,6 +18,10 @@ class TensorMeta:
     dtype: str
     device: str
     name: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
 
 @attrs.frozen

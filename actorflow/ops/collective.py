@@ -122,6 +122,12 @@ def ring_bytes(op: str, nbytes: int, devices: int) -> float:
     return _RING_FACTOR[op](devices) * nbytes if devices > 1 else 0.0
 
 
+def ring_total_bytes(op: str, nbytes: int, devices: int) -> float:
+    """What all the participants of a ring ``op`` send together (all-reduce of s bytes
+    each: 2(n-1) s; OneFlow's boxing table)."""
+    return devices * ring_bytes(op, nbytes, devices)
+
+
 def ring_seconds(op: str, nbytes: int, devices: int, bandwidth: float, latency: float) -> float:
     """Time a ring implementation of ``op`` takes over a link of ``bandwidth`` bytes/s and
     ``latency`` seconds, ``nbytes`` being one participant's input (all-reduce:

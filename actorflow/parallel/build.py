@@ -248,7 +248,7 @@ def _shardable(graph: Graph, params: Sequence[Any], threshold: float) -> list[tu
         if not isinstance(param, GlobalTensor) or not isinstance(param.sbp, Broadcast):
             continue
         n, part = len(param.locals), param.locals[0]
-        if n < 2 or np.prod(part.shape, dtype=np.int64) * np.dtype(part.dtype).itemsize < threshold:
+        if n < 2 or part.meta.nbytes < threshold:
             continue
         axis = next((a for a, size in enumerate(part.shape) if size and size % n == 0), None)
         if axis is not None:

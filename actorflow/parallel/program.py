@@ -97,12 +97,13 @@ def record_leaf(kind: str, name: str, devices: list[str], sbp: SBP, tensor: Glob
 def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op: bool = True) -> Any:
     """A call on global tensors, recorded. With a pending argument, an op is not run:
     its results are pending tensors of the shapes it gives on one device."""
-    tensors = [v for v in flat((args, kwargs)) if isinstance(v, (Pending, GlobalTensor))]
+    values = flat((args, kwargs))
+    tensors = [v for v in values if isinstance(v, (Pending, GlobalTensor))]
     graph = tensors[0].graph if isinstance(tensors[0], Pending) else tensors[0].locals[0].graph
     if graph.program is None:
         return result
-    if op and is_pending((args, kwargs)):
-        if any(isinstance(v, Tensor) for v in flat((args, kwargs))):
+    if op and any(isinstance(v, Pending) for v in tensors):
+        if any(isinstance(v, Tensor) for v in values):
             raise GraphError(f"{fn.__name__}: mixes tensors on one device with tensors on several")
         if fn.__name__ == "to_device":  # onto as many devices, part k to the k-th
             x, devices = args[0], args[1]
@@ -111,15 +112,20 @@ def record_call(fn: Callable, args: tuple, kwargs: dict, result: Any = None, op:
             )
         else:
             names = itertools.count()
+
+            def probe(t: Pending | GlobalTensor) -> Tensor:
+                """A one-device stand-in: a placeholder of the logical shape."""
+                return g.placeholder(f"probe{next(names)}", t.shape, t.dtype)
+
             with Graph():
-                probe = fn(*_probes(args, names), **_probes(kwargs, names))
-            result = _pending(probe, tensors[0].devices, graph)
-    if graph.program is not None:
-        graph.program.append(Call(fn, args, kwargs, result, op))
+                made = fn(*map_tensors(args, probe), **map_tensors(kwargs, probe))
+            result = _pending(made, tensors[0].devices, graph)
+    graph.program.append(Call(fn, args, kwargs, result, op))
     return result
 
 
 def flat(value: Any) -> list:
+    """The leaves of nested lists, tuples and dicts' values."""
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple)):
@@ -127,15 +133,14 @@ def flat(value: Any) -> list:
     return [value]
 
 
-def _probes(value: Any, names: itertools.count) -> Any:
-    """One-device stand-ins (placeholders of the logical shape) for the tensors."""
+def map_tensors(value: Any, fn: Callable[[Any], Any]) -> Any:
+    """``value`` with ``fn(t)`` in place of each global or pending tensor ``t`` in it
+    (through lists, tuples and dicts' values)."""
     if isinstance(value, dict):
-        return {k: _probes(v, names) for k, v in value.items()}
+        return {k: map_tensors(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_probes(v, names) for v in value)
-    if isinstance(value, (Pending, GlobalTensor)):
-        return g.placeholder(f"probe{next(names)}", value.shape, value.dtype)
-    return value
+        return type(value)(map_tensors(v, fn) for v in value)
+    return fn(value) if isinstance(value, (Pending, GlobalTensor)) else value
 
 
 def _pending(probe: Any, devices: tuple[str, ...], graph: Graph) -> Any:

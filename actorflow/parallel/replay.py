@@ -9,7 +9,7 @@ from typing import Any
 from ..graph.ir import Graph
 from .build import parameter, placeholder
 from .global_tensor import GlobalTensor
-from .program import Call, Leaf, Pending, flat
+from .program import Call, Leaf, flat, map_tensors
 from .sbp import SBP
 from .signatures import dispatch
 
@@ -32,7 +32,7 @@ def replay(graph: Graph, sbp: Mapping[str, SBP], until: Callable[[Call], bool] |
                 continue
             if until is not None and until(step):
                 break
-            args, kwargs = _mapped(step.args, env), _mapped(step.kwargs, env)
+            args, kwargs = (map_tensors(a, lambda t: env.get(id(t), t)) for a in (step.args, step.kwargs))
             result = dispatch(step.fn, args, kwargs) if step.op else step.fn(*args, **kwargs)
             for old, new in zip(flat(step.result), flat(result)):
                 env[id(old)] = new
@@ -43,11 +43,3 @@ def _leaf(step: Leaf, sbp: SBP, costing: bool) -> GlobalTensor:
     if step.kind == "parameter" and not costing:
         return parameter(step.name, step.value, list(step.devices), sbp)
     return placeholder(step.name, step.shape, step.dtype, list(step.devices), sbp)
-
-
-def _mapped(value: Any, env: dict[int, Any]) -> Any:
-    if isinstance(value, dict):
-        return {k: _mapped(v, env) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_mapped(v, env) for v in value)
-    return env.get(id(value), value) if isinstance(value, (Pending, GlobalTensor)) else value

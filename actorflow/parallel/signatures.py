@@ -42,7 +42,7 @@ from ..errors import GraphError
 from ..graph.ir import Tensor
 from .boxing import box
 from .global_tensor import GlobalTensor
-from .program import is_pending, record_call
+from .program import Pending, flat, map_tensors, record_call
 from .sbp import SBP, B, Broadcast, P, Partial, S, Split
 
 Rule = Callable[[Callable, tuple, dict], Any]
@@ -51,14 +51,15 @@ Rule = Callable[[Callable, tuple, dict], Any]
 def dispatch(op: Callable, args: tuple, kwargs: dict) -> Any:
     """Expand ``op`` on global tensors by its signature (recorded in ``Graph.program``);
     with a tensor whose SBP the compiler will choose, only record it."""
-    if is_pending((args, kwargs)):
+    values = flat((args, kwargs))
+    if any(isinstance(v, Pending) for v in values):
         return record_call(op, args, kwargs)
     name = op.__name__
     args, kwargs = _positional(op, args, kwargs)
-    placements = {g.devices for g in _globals(args, kwargs)}
+    placements = {v.devices for v in values if isinstance(v, GlobalTensor)}
     if len(placements) > 1:
         raise GraphError(f"{name}: global tensors on different placements {sorted(placements)}")
-    if any(isinstance(v, Tensor) for v in _flat(args, kwargs)):
+    if any(isinstance(v, Tensor) for v in values):
         raise GraphError(f"{name}: mixes tensors on one device with tensors on several")
     return record_call(op, args, kwargs, _RULES.get(name, _on_broadcast)(op, args, kwargs))
 
@@ -75,38 +76,24 @@ def _positional(op: Callable, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 _signature = functools.cache(inspect.signature)
 
 
-def _flat(args: tuple, kwargs: dict) -> list:
-    out: list[Any] = []
-    for v in (*args, *kwargs.values()):
-        out.extend(v if isinstance(v, (list, tuple)) else [v])
-    return out
-
-
-def _globals(args: tuple, kwargs: dict) -> list[GlobalTensor]:
-    return [v for v in _flat(args, kwargs) if isinstance(v, GlobalTensor)]
-
-
 def _run(op: Callable, args: tuple, kwargs: dict, sbp: SBP) -> Any:
     """Apply ``op`` on each device's parts; the result(s) get ``sbp``."""
-    first = _globals(args, kwargs)[0]
+    first = next(v for v in flat((args, kwargs)) if isinstance(v, GlobalTensor))
     results = []
     for k, device in enumerate(first.devices):
-        local_kwargs = {key: _part(v, k) for key, v in kwargs.items()}
+        part = functools.partial(_part, k=k)
+        local_kwargs = map_tensors(kwargs, part)
         if local_kwargs.get("name") is not None:
             local_kwargs["name"] = f"{local_kwargs['name']}[{device}]"
-        results.append(op(*(_part(a, k) for a in args), **local_kwargs))
+        results.append(op(*map_tensors(args, part), **local_kwargs))
     if isinstance(results[0], list):
         return [_wrap([r[j] for r in results], sbp) for j in range(len(results[0]))]
     return _wrap(results, sbp)
 
 
-def _part(value: Any, k: int) -> Any:
-    """Device k's part of an argument: a global tensor's k-th local, lists element-wise."""
-    if isinstance(value, GlobalTensor):
-        return value.locals[k]
-    if isinstance(value, (list, tuple)) and any(isinstance(u, GlobalTensor) for u in value):
-        return type(value)(_part(u, k) for u in value)
-    return value
+def _part(tensor: GlobalTensor, k: int) -> Tensor:
+    """Device k's part of a global tensor."""
+    return tensor.locals[k]
 
 
 def _wrap(parts: Sequence[Tensor], sbp: SBP) -> GlobalTensor:

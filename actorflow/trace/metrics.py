@@ -217,14 +217,13 @@ def pass_seconds(trace: Trace) -> dict[str, float]:
 
 
 def pipeline_theory(
-    schedule: str, stages: int, micro_batches: int, f: float = 1, b: float = 1, w: float = 1
+    stages: int, micro_batches: int, f: float = 1, b: float = 1, w: float = 1, *, zero_bubble: bool = False
 ) -> float:
     """The bubble's share of a step of ``micro_batches`` through ``stages`` stages taking F,
     B and W per micro-batch (Qi et al., arXiv 2401.10241, section 2): GPipe and 1F1B idle
-    (p-1)(F+B+W), which is (p-1)/(m+p-1) of the step; ZB-H1 (``zb1``, ``zbh1``) idles
+    (p-1)(F+B+W), which is (p-1)/(m+p-1) of the step; ZB-H1 (``zero_bubble``) idles
     (p-1)(F+B-W)."""
     p, m = stages, micro_batches
-    zero_bubble = schedule in ("zb1", "zbh1")
     idle = (p - 1) * (max(0.0, f + b - w) if zero_bubble else f + b + w)
     step = m * (f + b + w) + idle
     return idle / step if step > 0 else 0.0

@@ -6,7 +6,7 @@ from typing import Any
 
 from ..compiler.schedules import ZERO_BUBBLE
 from ..config import Config
-from ..text import columns
+from ..text import columns, count
 from .runner import RunResult
 
 
@@ -15,9 +15,9 @@ def table(config: Config, result: RunResult) -> str:
     lines = [
         f"{config.train.steps} steps of {config.train.batch_size} samples in {result.seconds:.2f} s: "
         f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
-        f"pipeline: {_count(len(parallel.stages), 'stage')} x {_count(parallel.data_parallel, 'replica')}"
+        f"pipeline: {count(len(parallel.stages), 'stage')} x {count(parallel.data_parallel, 'replica')}"
         + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
-        + f", {_count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}",
+        + f", {count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}",
         "",
     ]
     rows = [
@@ -76,10 +76,6 @@ def _theory_line(schedule: str, result: RunResult) -> str:
         "theory: ZB-H1's (p-1)(F+B-W) of a step of m(F+B+W) plus that, with F, B, W the measured "
         f"{f:.2f}, {b:.2f}, {w:.2f} ms a micro-batch"
     )
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def metrics(config: Config, result: RunResult) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def train(
     passes = pass_seconds(parsed)
     schedule = config.parallel.schedule
     theory = (
-        pipeline_theory(schedule, p, m, passes["forward"], passes["backward"], passes["weight"])
+        pipeline_theory(p, m, passes["forward"], passes["backward"], passes["weight"], zero_bubble=True)
         if schedule in ZERO_BUBBLE
         else (p - 1) / (m + p - 1)
     )
