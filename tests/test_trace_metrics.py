@@ -376,6 +376,19 @@ def test_pass_seconds_splits_compute_by_phase_per_micro_batch_and_stream():
     assert got == pytest.approx({"forward": 12.5e-6, "backward": 1.5e-6, "weight": 0.5e-6})
 
 
+def test_with_one_micro_batch_every_compute_kernel_is_its_steps_pass():
+    events = [
+        {"ph": "X", "pid": 0, "tid": 1, "name": "k", "cat": "compute", "ts": t, "dur": 4, "args": args}
+        for t, args in [
+            (0, {"phase": "forward", "iteration": 0}),
+            (10, {"phase": "weight", "iteration": 0}),
+            (20, {"phase": "forward", "iteration": 1}),
+        ]
+    ]
+    got = pass_seconds(parse({"traceEvents": events}), micro_batches=1)
+    assert got == pytest.approx({"forward": 4e-6, "backward": 0.0, "weight": 2e-6})
+
+
 @pytest.mark.parametrize(
     "schedule, p, m, f, b, w, expected",
     [

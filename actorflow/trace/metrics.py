@@ -200,17 +200,19 @@ def balanced_bubbles(busy: Sequence[float], micro_batches: int) -> list[float]:
 PASSES = ("forward", "backward", "weight")
 
 
-def pass_seconds(trace: Trace) -> dict[str, float]:
+def pass_seconds(trace: Trace, micro_batches: int = 0) -> dict[str, float]:
     """Kernel seconds per micro-batch and compute stream of each pass (the spans'
     ``phase``: forward, backward as input gradients, weight as weight gradients), over
-    the compute kernels that act once per micro-batch: a pipeline stage's F, B and W."""
+    the compute kernels that act once per micro-batch: a pipeline stage's F, B and W.
+    ``micro_batches`` 1: every kernel is its step's one micro-batch's (the spans then
+    name none)."""
     totals = dict.fromkeys(PASSES, 0)
     batches, streams = set(), set()
     for s in trace.spans:
         phase = s.args.get("phase")
-        if s.is_kernel and phase in totals and "micro_batch" in s.args:
+        if s.is_kernel and phase in totals and ("micro_batch" in s.args or micro_batches == 1):
             totals[phase] += s.end - s.start
-            batches.add((s.args.get("iteration"), s.args["micro_batch"]))
+            batches.add((s.args.get("iteration"), s.args.get("micro_batch", 0)))
             streams.add(s.track)
     per = len(batches) * len(streams)
     return {phase: _s(t) / per if per else 0.0 for phase, t in totals.items()}

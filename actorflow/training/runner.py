@@ -135,7 +135,7 @@ def train(
     ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     parsed = parse(chrome)
     summary = summarize_parsed(parsed, [stage[0] for stage, mine in zip(stages, ours) if mine])
-    passes = pass_seconds(parsed)
+    passes = pass_seconds(parsed, m)
     schedule = config.parallel.schedule
     theory = (
         pipeline_theory(p, m, passes["forward"], passes["backward"], passes["weight"], zero_bubble=True)
