@@ -11,20 +11,22 @@ Edges = Mapping[int, Iterable[int]]
 
 def topological_order(edges: Edges) -> list[int]:
     """Kahn's algorithm, smallest ready id first, so the order is deterministic."""
-    indegree = {u: 0 for u in edges}
-    for u in edges:
-        for v in edges[u]:
+    indegree = dict.fromkeys(edges, 0)
+    for successors in edges.values():
+        for v in successors:
             indegree[v] += 1
     ready = [u for u, d in indegree.items() if d == 0]
     heapq.heapify(ready)
     order = []
+    pop, push = heapq.heappop, heapq.heappush
     while ready:
-        u = heapq.heappop(ready)
+        u = pop(ready)
         order.append(u)
         for v in edges[u]:
-            indegree[v] -= 1
-            if indegree[v] == 0:
-                heapq.heappush(ready, v)
+            left = indegree[v] - 1
+            indegree[v] = left
+            if not left:
+                push(ready, v)
     if len(order) != len(indegree):
         raise ValueError("the graph has a cycle")
     return order

@@ -64,11 +64,14 @@ def data_edges(plan: Plan, across_ranks: bool = True) -> dict[int, set[int]]:
     unit = unit_of(plan)
     edges: dict[int, set[int]] = {u: set() for u in unit.values()}
     for reg in plan.registers:
-        if reg.is_parameter:
+        if reg.producer < 0:
             continue
+        producer = unit[reg.producer]
+        out = edges[producer]
         for c in reg.consumers:
-            if unit[c.actor] != unit[reg.producer]:
-                edges[unit[reg.producer]].add(unit[c.actor])
+            consumer = unit[c.actor]
+            if consumer != producer:
+                out.add(consumer)
     for send, recv in transfers(plan) if across_ranks else ():
         edges[unit[send]].add(unit[recv])
     return edges
@@ -169,18 +172,22 @@ def _numeric_dtype(name: str) -> bool:
 
 def _check_registers(plan: Plan) -> None:
     n = len(plan.actors)
+    first_on: dict[str, str] = {}
+    for r in plan.registers:
+        first_on.setdefault(r.device, r.name)
+    for device, name in first_on.items():
+        _rank_of(plan, device, f"register {name!r}")
     for r in plan.registers:
         if not -1 <= r.producer < n:
             raise CompileError(f"register {r.name!r} has producer {r.producer}; there are {n} actors")
         if r.quota < 1:
             raise CompileError(f"register {r.name!r} has quota {r.quota}; it must be >= 1")
-        if any(d < 0 for d in r.shape):
+        if r.shape and min(r.shape) < 0:
             raise CompileError(f"register {r.name!r} has shape {list(r.shape)}")
         if not _numeric_dtype(r.dtype):
             raise CompileError(f"register {r.name!r} has dtype {r.dtype!r}, not a numeric numpy dtype name")
         if r.control and r.nbytes:
             raise CompileError(f"control register {r.name!r} is {r.dtype}{list(r.shape)}; it carries no data")
-        _rank_of(plan, r.device, f"register {r.name!r}")
         if r.producer >= 0:
             producer = plan.actors[r.producer]
             if r.id not in producer.outputs:
@@ -563,20 +570,23 @@ def _check_deadlock(plan: Plan) -> None:
     a cycle there hangs every run. Quotas only add edges from iteration i to iteration
     i + quota, which cannot close a cycle while every quota is at least 1; stream order is
     decided at launch, in dependency order."""
+    unit = unit_of(plan)
+    data = call_edges(plan)
+    order = {(unit[earlier.actors[0]], unit[later.actors[0]]) for earlier, later in stream_order_pairs(plan)}
+    edges = dict(data)
+    for u, v in order:
+        edges[u] = edges[u] | {v}
+    cycle = find_cycle(edges)
+    if cycle is None:
+        return
     names: dict[Any, str] = {a.id: a.name for a in plan.actors}
     names.update({coll.actors[0]: coll.name for coll in plan.collectives})
-    unit = unit_of(plan)
-    edges = {u: {(v, "data") for v in vs} for u, vs in call_edges(plan).items()}
     names.update({u: f"{names[u[0]]} call {u[1]}" for u in edges if isinstance(u, tuple)})
-    for earlier, later in stream_order_pairs(plan):
-        edges[unit[earlier.actors[0]]].add((unit[later.actors[0]], "collective order"))
-    cycle = find_cycle({u: [v for v, _ in vs] for u, vs in edges.items()})
-    if cycle is not None:
-        steps = [names[cycle[0]]]
-        for u, v in zip(cycle, cycle[1:]):
-            why = "/".join(sorted(kind for w, kind in edges[u] if w == v))
-            steps.append(f"-({why})-> {names[v]}")
-        raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
+    steps = [names[cycle[0]]]
+    for u, v in zip(cycle, cycle[1:]):
+        kinds = ["collective order"] * ((u, v) in order) + ["data"] * (v in data[u])
+        steps.append(f"-({'/'.join(kinds)})-> {names[v]}")
+    raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
 
 
 def stream_order_pairs(plan: Plan) -> list[tuple[Collective, Collective]]:

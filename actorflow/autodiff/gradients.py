@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
 from .. import ops
 from ..errors import GraphError
 from ..graph.builder import is_float
 from ..graph.ir import Graph, Node, Tensor
+from ..records import evolve
 from . import rules  # noqa: F401 - registers the rules
 from .registry import rule_for
 
@@ -98,7 +97,7 @@ def _mark_weight_grads(graph: Graph, first: int, passed_on: set[int]) -> None:
         if node.id in needed:
             needed.update(ref[0] for ref in node.inputs)
         elif node.backward:
-            graph.nodes[k] = attrs.evolve(node, weight_grad=True)
+            graph.nodes[k] = evolve(node, weight_grad=True)
 
 
 def _checked(node: Node, ins: list[Tensor], grads: Sequence[Tensor | None]) -> list[Tensor | None]:

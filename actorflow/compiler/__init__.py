@@ -7,14 +7,13 @@ import gc
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 
-import attrs
-
 from ..devices import parse_device
 from ..errors import CompileError
 from ..graph.ir import Graph, Tensor
 from ..ops.registry import lookup
 from ..parallel.program import undecided
 from ..plan import DEFAULT_RESOURCES, Plan
+from ..records import evolve
 from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
@@ -134,14 +133,14 @@ def compile(
     plan = insert_events(plan)
     if stages is not None or schedule is not None:
         devices = _stage_devices(stages)
-        plan = attrs.evolve(plan, stages=tuple(map(tuple, devices)))
+        plan = evolve(plan, stages=tuple(map(tuple, devices)))
     if schedule is not None:
         overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
     overrides = recompute_quotas(plan) | overrides
     overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
     plan = plan_registers(plan, quota, overrides, memory_limit(limits))
     plan = assign_priorities(plan, compute_first=priority, defer_weight_grads=schedule in ZERO_BUBBLE)
-    return check(attrs.evolve(plan, overlap=overlap, resources=limits))
+    return check(evolve(plan, overlap=overlap, resources=limits))
 
 
 def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[str]]:

@@ -12,9 +12,8 @@ once per micro-batch (``runtime.driver.step_order``).
 
 from __future__ import annotations
 
-import attrs
-
 from ..plan import Plan
+from ..records import evolve
 from .topology import data_edges, descendants, ready_order, unit_of
 
 
@@ -30,4 +29,4 @@ def order_collectives(plan: Plan) -> Plan:
         return 2 if unit_id in after else 0
 
     ordered = sorted(plan.collectives, key=lambda c: (phase(unit[c.actors[0]]), ready[c.actors[0]]))
-    return attrs.evolve(plan, collectives=tuple(ordered))
+    return evolve(plan, collectives=tuple(ordered))

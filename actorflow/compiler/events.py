@@ -32,9 +32,8 @@ implies anything (it may pass through a later call).
 
 from __future__ import annotations
 
-import attrs
-
 from ..plan import Plan
+from ..records import evolve
 from .topology import data_edges, positions, reaches_any, unit_of
 
 SEARCH_BUDGET = 4096
@@ -101,8 +100,8 @@ def insert_events(plan: Plan) -> Plan:
         inputs, seen = [], set()
         for i in actor.inputs:
             mode = sync(actor, plan.registers[i.register].producer, i.register in seen)
-            inputs.append(i if i.sync == mode else attrs.evolve(i, sync=mode))
+            inputs.append(i if i.sync == mode else evolve(i, sync=mode))
             seen.add(i.register)
         changed = any(new is not old for new, old in zip(inputs, actor.inputs))
-        actors.append(attrs.evolve(actor, inputs=tuple(inputs)) if changed else actor)
-    return attrs.evolve(plan, actors=tuple(actors))
+        actors.append(evolve(actor, inputs=tuple(inputs)) if changed else actor)
+    return evolve(plan, actors=tuple(actors))

@@ -9,11 +9,10 @@ optimizer updates, which become variable actors (see ``plan.Register``).
 
 from __future__ import annotations
 
-import attrs
-
 from ..graph.ir import Graph, Node
 from ..ops.registry import lookup
 from ..plan import Actor, Collective, Feed, Input, Output, Parameter, Plan, Register
+from ..records import evolve
 from .topology import with_consumers
 
 
@@ -61,7 +60,7 @@ def expand(graph: Graph) -> Plan:
         kind = lookup(node.op).kind
         if kind == "parameter" and node.id in updated:
             variable = new_actor(
-                attrs.evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0]
+                evolve(node, op="variable", attrs={}), node.name, node.outputs[0].device, [], [0]
             )
             reg = actors[variable].outputs[0]
             parameters.append(Parameter(node.name, reg, node.attrs["value"]))

@@ -24,11 +24,11 @@ collective ids are renumbered so that each stays equal to its index.
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 
 from ..ops.fusion_kernels import fused_all_reduce
 from ..plan import Actor, Collective, Consumer, Plan, Register
+from ..records import evolve
 from .topology import Contracted, data_edges, ready_order, unit_of
 
 FUSIBLE_OPS = ("sum", "mean")
@@ -173,12 +173,12 @@ def _fuse(plan: Plan, buckets: list[list[Collective]]) -> Plan:
             )
         elif coll.id not in fused_ids:
             participants = tuple(map(actor_id, coll.actors))
-            collectives.append(attrs.evolve(coll, id=len(collectives), actors=participants))
+            collectives.append(evolve(coll, id=len(collectives), actors=participants))
     group_of = {a: c.id for c in collectives for a in c.actors}
 
     # the fused participants and their flat registers, after the remapped old ones
     registers = [
-        attrs.evolve(r, producer=actor_id(r.producer), consumers=tuple(map(consumer, r.consumers)))
+        evolve(r, producer=actor_id(r.producer), consumers=tuple(map(consumer, r.consumers)))
         for r in plan.registers
     ]
     fused: dict[tuple[int, int], Actor] = {}
@@ -221,14 +221,14 @@ def _fuse(plan: Plan, buckets: list[list[Collective]]) -> Plan:
             actors.append(fused[slot[1:]])
         else:
             actor = plan.actors[slot[1]]
-            actors.append(attrs.evolve(actor, id=k, group=group_of.get(k, -1)))
-    return attrs.evolve(
+            actors.append(evolve(actor, id=k, group=group_of.get(k, -1)))
+    return evolve(
         plan,
         actors=tuple(actors),
         registers=tuple(registers),
         collectives=tuple(collectives),
-        feeds=tuple(attrs.evolve(f, actor=actor_id(f.actor)) for f in plan.feeds),
-        outputs=tuple(attrs.evolve(o, actor=actor_id(o.actor)) for o in plan.outputs),
+        feeds=tuple(evolve(f, actor=actor_id(f.actor)) for f in plan.feeds),
+        outputs=tuple(evolve(o, actor=actor_id(o.actor)) for o in plan.outputs),
     )
 
 

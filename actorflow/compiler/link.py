@@ -8,10 +8,9 @@ communication were real. Reported as "emulated" wherever it shows."""
 
 from __future__ import annotations
 
-import attrs
-
 from ..ops.collective import ring_seconds, ring_total_bytes
 from ..plan import Plan
+from ..records import evolve
 
 
 def predict_communication(plan: Plan) -> Plan:
@@ -20,8 +19,8 @@ def predict_communication(plan: Plan) -> Plan:
         first = plan.actors[coll.actors[0]]
         call = sum(plan.registers[i.register].nbytes for i in first.inputs) // first.calls
         nbytes = round(ring_total_bytes(coll.op, call, len(coll.actors)))
-        collectives.append(attrs.evolve(coll, nbytes=nbytes))
-    return attrs.evolve(plan, collectives=tuple(collectives))
+        collectives.append(evolve(coll, nbytes=nbytes))
+    return evolve(plan, collectives=tuple(collectives))
 
 
 def emulate_links(plan: Plan, bandwidth: float, latency: float) -> Plan:
@@ -32,5 +31,5 @@ def emulate_links(plan: Plan, bandwidth: float, latency: float) -> Plan:
         first = plan.actors[coll.actors[0]]
         nbytes = sum(plan.registers[i.register].nbytes for i in first.inputs)
         seconds = ring_seconds(coll.op, nbytes, len(coll.actors), bandwidth, latency)
-        collectives.append(attrs.evolve(coll, seconds=seconds))
-    return attrs.evolve(plan, collectives=tuple(collectives), link=(float(bandwidth), float(latency)))
+        collectives.append(evolve(coll, seconds=seconds))
+    return evolve(plan, collectives=tuple(collectives), link=(float(bandwidth), float(latency)))

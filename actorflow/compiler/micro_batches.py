@@ -12,12 +12,11 @@ it once. Rates are recorded as ``Actor.every``; the runtime derives the rest.
 
 from __future__ import annotations
 
-import attrs
-
 from ..errors import CompileError
 from ..ops.kernels import copy
 from ..ops.micro_batch import accumulate
 from ..plan import Actor, Consumer, Input, Plan, Register
+from ..records import evolve
 from .topology import unit_of
 
 
@@ -27,7 +26,7 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
     if micro_batches == 1:
         return plan
     per_step = _per_step(plan)
-    actors = [attrs.evolve(a, every=micro_batches) if a.id in per_step else a for a in plan.actors]
+    actors = [evolve(a, every=micro_batches) if a.id in per_step else a for a in plan.actors]
     registers = list(plan.registers)
     for reg in plan.registers:
         if reg.is_parameter:
@@ -59,11 +58,11 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
         )
         for c in crossing:
             inputs = list(actors[c.actor].inputs)
-            inputs[c.slot] = attrs.evolve(inputs[c.slot], register=bridge.outputs[0])
-            actors[c.actor] = attrs.evolve(actors[c.actor], inputs=tuple(inputs))
+            inputs[c.slot] = evolve(inputs[c.slot], register=bridge.outputs[0])
+            actors[c.actor] = evolve(actors[c.actor], inputs=tuple(inputs))
         kept = tuple(c for c in reg.consumers if c not in crossing) + (Consumer(bridge.id, 0),)
-        registers[reg.id] = attrs.evolve(reg, consumers=kept)
-    return attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers), micro_batches=micro_batches)
+        registers[reg.id] = evolve(reg, consumers=kept)
+    return evolve(plan, actors=tuple(actors), registers=tuple(registers), micro_batches=micro_batches)
 
 
 def _per_step(plan: Plan) -> set[int]:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
 import numpy as np
 
 from ..errors import CompileError
 from ..graph.ir import OptimizerShard
 from ..ops import kernels
 from ..plan import Actor, Collective, Consumer, Input, Plan, Register
+from ..records import evolve
 from .topology import with_consumers
 
 
@@ -53,7 +53,7 @@ class _Edit:
 
     def plan(self) -> Plan:
         logical = tuple(self.logical[lt.name] if lt.kind == "parameter" else lt for lt in self.base.logical)
-        return attrs.evolve(
+        return evolve(
             self.base,
             actors=tuple(self.actors),
             registers=with_consumers(self.actors, self.registers),
@@ -76,7 +76,7 @@ class _Edit:
                     self._slice(reg, spec.axis, k, n)
             gathered.append(self._gather(var, update, full, spec))
         self._reduce_scatter(reduce, updates, spec)
-        self.logical[spec.parameter] = attrs.evolve(lt, sbp="S", axis=spec.axis)
+        self.logical[spec.parameter] = evolve(lt, sbp="S", axis=spec.axis)
         self.collectives.append(
             Collective(
                 len(self.collectives),
@@ -112,11 +112,11 @@ class _Edit:
         return coll
 
     def _slice(self, reg: Register, axis: int, k: int, n: int) -> None:
-        self.registers[reg.id] = attrs.evolve(reg, shape=_sliced(reg.shape, axis, n))
+        self.registers[reg.id] = evolve(reg, shape=_sliced(reg.shape, axis, n))
         if reg.id in self.parameter_of:
             param = self.parameters[self.parameter_of[reg.id]]
             value = np.ascontiguousarray(np.split(param.value, n, axis=axis)[k])
-            self.parameters[param.name] = attrs.evolve(param, value=value)
+            self.parameters[param.name] = evolve(param, value=value)
 
     def _gather(self, var: Register, update: Actor, full: tuple[int, ...], spec: OptimizerShard) -> int:
         """An all-gather participant reading the variable; the variable's readers other
@@ -147,30 +147,30 @@ class _Edit:
 
     def _reduce_scatter(self, coll: Collective, updates: list[Actor], spec: OptimizerShard) -> None:
         n = len(coll.actors)
-        self.collectives[coll.id] = attrs.evolve(coll, op="reduce_scatter")
+        self.collectives[coll.id] = evolve(coll, op="reduce_scatter")
         for actor_id, update in zip(coll.actors, updates):
             reduce = self.actors[actor_id]
             out = self.registers[reduce.outputs[0]]
             source = self.registers[reduce.inputs[0].register]
             accumulate = self.actors[source.producer] if source.producer >= 0 else None
-            reduce = attrs.evolve(
+            reduce = evolve(
                 reduce, op="reduce_scatter", kernel=kernels.reduce_scatter, attrs={"axis": spec.axis}
             )
             self.actors[actor_id] = reduce
-            self.registers[out.id] = attrs.evolve(out, shape=_sliced(out.shape, spec.axis, n))
+            self.registers[out.id] = evolve(out, shape=_sliced(out.shape, spec.axis, n))
             if not (spec.accumulate_sharded and accumulate is not None and accumulate.op == "accumulate"):
                 continue
             # dW -> accumulate -> all-reduce -> update becomes dW -> reduce-scatter -> accumulate -> update
-            self.actors[actor_id] = attrs.evolve(reduce, inputs=accumulate.inputs, every=accumulate.every)
-            self.actors[accumulate.id] = attrs.evolve(accumulate, inputs=(Input(out.id),))
+            self.actors[actor_id] = evolve(reduce, inputs=accumulate.inputs, every=accumulate.every)
+            self.actors[accumulate.id] = evolve(accumulate, inputs=(Input(out.id),))
             self._rewire(Consumer(update.id, 1), source.id)
-            self.registers[source.id] = attrs.evolve(source, shape=_sliced(source.shape, spec.axis, n))
+            self.registers[source.id] = evolve(source, shape=_sliced(source.shape, spec.axis, n))
 
     def _rewire(self, consumer: Consumer, register: int) -> None:
         actor = self.actors[consumer.actor]
         inputs = list(actor.inputs)
-        inputs[consumer.slot] = attrs.evolve(inputs[consumer.slot], register=register)
-        self.actors[actor.id] = attrs.evolve(actor, inputs=tuple(inputs))
+        inputs[consumer.slot] = evolve(inputs[consumer.slot], register=register)
+        self.actors[actor.id] = evolve(actor, inputs=tuple(inputs))
 
 
 def _sliced(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:

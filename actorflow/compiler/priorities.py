@@ -24,9 +24,8 @@ the stage would otherwise wait.
 
 from __future__ import annotations
 
-import attrs
-
 from ..plan import Plan
+from ..records import evolve
 from .topology import data_edges, positions, unit_of
 
 
@@ -57,5 +56,5 @@ def assign_priorities(plan: Plan, compute_first: bool = True, defer_weight_grads
         return (late, deferred, not early, -position[unit[actor.id]], actor.id)
 
     rank = {a.id: k for k, a in enumerate(sorted(plan.actors, key=key))}
-    actors = tuple(attrs.evolve(a, priority=rank[a.id]) for a in plan.actors)
-    return attrs.evolve(plan, actors=actors)
+    actors = tuple(evolve(a, priority=rank[a.id]) for a in plan.actors)
+    return evolve(plan, actors=actors)

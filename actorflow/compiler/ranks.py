@@ -19,11 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import attrs
-
 from ..errors import CompileError
 from ..ops import kernels
 from ..plan import Actor, Consumer, Input, Output, Plan
+from ..records import evolve
 from ..world import world_size
 
 Ranks = int | Sequence[str | Sequence[str]] | None
@@ -72,7 +71,7 @@ def plan_devices(plan: Plan) -> list[str]:
 
 
 def split_ranks(plan: Plan, placement: dict[str, int], world: int) -> Plan:
-    plan = attrs.evolve(plan, world=world, ranks=dict(placement))
+    plan = evolve(plan, world=world, ranks=dict(placement))
     if world == 1:
         return plan
     return _Split(plan).run()
@@ -91,7 +90,7 @@ class _Split:
         for reg in list(self.registers):
             if not reg.is_parameter:
                 self._cross(reg.id)
-        return attrs.evolve(
+        return evolve(
             self.plan, actors=tuple(self.actors), registers=tuple(self.registers), outputs=tuple(self.outputs)
         )
 
@@ -109,7 +108,7 @@ class _Split:
             for rank in range(self.plan.world):
                 if rank != self.rank(fetch.id):
                     copy = self._add_actor(
-                        attrs.evolve(fetch, name=f"{fetch.name}@rank{rank}", device=self.home(rank))
+                        evolve(fetch, name=f"{fetch.name}@rank{rank}", device=self.home(rank))
                     )
                     self._consume(fetch.inputs[0].register, copy.id, 0)
                     self.outputs.append(Output(out.name, copy.id))
@@ -129,10 +128,8 @@ class _Split:
                 _transfer(producer, "send", f"{reg.name}->rank{rank}", reg.device, {"peer": rank, "tag": tag})
             )
             kept = [c for c in self.registers[reg_id].consumers if c not in consumers]
-            self.registers[reg_id] = attrs.evolve(
-                self.registers[reg_id], consumers=(*kept, Consumer(send.id, 0))
-            )
-            self.actors[send.id] = attrs.evolve(send, inputs=(Input(reg_id),))
+            self.registers[reg_id] = evolve(self.registers[reg_id], consumers=(*kept, Consumer(send.id, 0)))
+            self.actors[send.id] = evolve(send, inputs=(Input(reg_id),))
             receive = {"peer": home, "tag": tag}
             first = self.actors[consumers[0].actor]
             if (
@@ -141,7 +138,7 @@ class _Split:
                 and len(first.inputs) == 1
                 and first.every == producer.every
             ):
-                self.actors[first.id] = attrs.evolve(
+                self.actors[first.id] = evolve(
                     _transfer(producer, "recv", first.name, first.device, receive),
                     id=first.id,
                     outputs=first.outputs,
@@ -152,7 +149,7 @@ class _Split:
             recv = self._add_actor(
                 _transfer(producer, "recv", f"{reg.name}<-rank{home}", first.device, receive)
             )
-            mirror = attrs.evolve(
+            mirror = evolve(
                 reg,
                 id=len(self.registers),
                 name=f"{reg.name}@rank{rank}",
@@ -162,21 +159,21 @@ class _Split:
                 quota=reg.quota,
             )
             self.registers.append(mirror)
-            self.actors[recv.id] = attrs.evolve(recv, outputs=(mirror.id,))
+            self.actors[recv.id] = evolve(recv, outputs=(mirror.id,))
             for c in consumers:
                 reader = self.actors[c.actor]
                 inputs = list(reader.inputs)
-                inputs[c.slot] = attrs.evolve(inputs[c.slot], register=mirror.id)
-                self.actors[c.actor] = attrs.evolve(reader, inputs=tuple(inputs))
+                inputs[c.slot] = evolve(inputs[c.slot], register=mirror.id)
+                self.actors[c.actor] = evolve(reader, inputs=tuple(inputs))
 
     def _add_actor(self, actor: Actor) -> Actor:
-        actor = attrs.evolve(actor, id=len(self.actors))
+        actor = evolve(actor, id=len(self.actors))
         self.actors.append(actor)
         return actor
 
     def _consume(self, reg_id: int, actor_id: int, slot: int) -> None:
         reg = self.registers[reg_id]
-        self.registers[reg_id] = attrs.evolve(reg, consumers=(*reg.consumers, Consumer(actor_id, slot)))
+        self.registers[reg_id] = evolve(reg, consumers=(*reg.consumers, Consumer(actor_id, slot)))
 
 
 def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: dict) -> Actor:

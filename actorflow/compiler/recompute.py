@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import math
 
-import attrs
-
 from ..plan import Actor, Collective, Input, Plan, Register
+from ..records import evolve
 from .topology import data_edges, positions, unit_of, with_consumers
 
 
@@ -58,11 +57,11 @@ def recompute(plan: Plan) -> Plan:
             clone_of[member] = clone.id
     for a in plan.actors:
         if a.backward:
-            actors[a.id] = attrs.evolve(a, inputs=tuple(_read(i, twin) for i in a.inputs))
+            actors[a.id] = evolve(a, inputs=tuple(_read(i, twin) for i in a.inputs))
     for u, gate in gates.items():
         if gate not in _producer_gates(plan, needed[u], unit, gates):
             _wait(actors, registers, gate, _nearest(actors, [clone_of[a] for a in needed[u]], gate))
-    return attrs.evolve(
+    return evolve(
         plan,
         actors=tuple(actors),
         registers=with_consumers(actors, registers),
@@ -148,7 +147,7 @@ def _clone(actor: Actor, clone_id: int, group: int, registers: list[Register], t
         registers.append(copy)
         twin[o] = copy.id
         outputs.append(copy.id)
-    return attrs.evolve(
+    return evolve(
         actor,
         id=clone_id,
         name=f"{actor.name}.recompute",
@@ -160,7 +159,7 @@ def _clone(actor: Actor, clone_id: int, group: int, registers: list[Register], t
 
 
 def _read(i: Input, twin: dict[int, int]) -> Input:
-    return attrs.evolve(i, register=twin[i.register]) if i.register in twin else i
+    return evolve(i, register=twin[i.register]) if i.register in twin else i
 
 
 def _nearest(actors: list[Actor], clones: list[int], gate: int) -> int:
@@ -175,5 +174,5 @@ def _wait(actors: list[Actor], registers: list[Register], producer: int, consume
         len(registers), f"{before.name}->{after.name}", before.id, before.device, (0,), "bool", control=True
     )
     registers.append(reg)
-    actors[producer] = attrs.evolve(before, outputs=(*before.outputs, reg.id))
-    actors[consumer] = attrs.evolve(after, inputs=(*after.inputs, Input(reg.id)))
+    actors[producer] = evolve(before, outputs=(*before.outputs, reg.id))
+    actors[consumer] = evolve(after, inputs=(*after.inputs, Input(reg.id)))

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import attrs
-
 from ..errors import CompileError
 from ..plan import Plan
+from ..records import evolve
 from .resources import size_text
 
 
@@ -26,7 +25,7 @@ def plan_registers(
             raise CompileError(f"{name}: a quota is an int >= 1, got {q!r}")
     single = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
     registers = tuple(
-        attrs.evolve(r, quota=1 if r.is_parameter or r.id in single else quotas.get(r.name, quota))
+        evolve(r, quota=1 if r.is_parameter or r.id in single else quotas.get(r.name, quota))
         for r in plan.registers
     )
     memory: dict[str, int] = {}
@@ -35,7 +34,7 @@ def plan_registers(
     for device, nbytes in sorted(memory.items()):
         if max_memory is not None and nbytes > max_memory:
             raise CompileError(_over_memory(registers, device, nbytes, max_memory))
-    return attrs.evolve(plan, registers=registers, memory=memory)
+    return evolve(plan, registers=registers, memory=memory)
 
 
 def _over_memory(registers, device: str, nbytes: int, max_memory: int) -> str:

@@ -30,10 +30,9 @@ import logging
 import os
 from collections.abc import Mapping
 
-import attrs
-
 from ..errors import CompileError
 from ..plan import Collective, Consumer, Input, Plan
+from ..records import evolve
 from .topology import Contracted, data_edges, reach_bits, unit_of
 
 ENV = "ACTORFLOW_COMM_REUSE"
@@ -127,7 +126,7 @@ def reuse_communication(
     if not subgraphs:
         return plan, {}
     floors = _held_at_once(plan, subgraphs)
-    return attrs.evolve(_rewrite(plan, subgraphs), labels=labels), floors
+    return evolve(_rewrite(plan, subgraphs), labels=labels), floors
 
 
 def _key(plan: Plan, coll: Collective) -> tuple | None:
@@ -210,7 +209,7 @@ def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
             for j, coll in enumerate(calls):
                 call = actors[coll.actors[d]]
                 source = call.inputs[0].register
-                registers[source] = attrs.evolve(
+                registers[source] = evolve(
                     registers[source],
                     consumers=tuple(
                         Consumer(head_id, j, c.call) if c.actor == call.id else c
@@ -226,18 +225,16 @@ def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
                     for c in out.consumers:
                         reader = actors[c.actor]
                         ins = list(reader.inputs)
-                        ins[c.slot] = attrs.evolve(ins[c.slot], register=shared)
-                        actors[c.actor] = attrs.evolve(reader, inputs=tuple(ins))
+                        ins[c.slot] = evolve(ins[c.slot], register=shared)
+                        actors[c.actor] = evolve(reader, inputs=tuple(ins))
             name = f"{_name(s)}[{head.device}]"
-            registers[shared] = attrs.evolve(registers[shared], name=name, consumers=tuple(consumers))
-            actors[head_id] = attrs.evolve(actors[head_id], name=name, inputs=tuple(inputs), calls=len(calls))
+            registers[shared] = evolve(registers[shared], name=name, consumers=tuple(consumers))
+            actors[head_id] = evolve(actors[head_id], name=name, inputs=tuple(inputs), calls=len(calls))
     collectives = [
-        attrs.evolve(c, name=renamed.get(c.id, c.name))
-        for c in plan.collectives
-        if c.id not in dead_collectives
+        evolve(c, name=renamed.get(c.id, c.name)) for c in plan.collectives if c.id not in dead_collectives
     ]
     return _renumber(
-        attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers)),
+        evolve(plan, actors=tuple(actors), registers=tuple(registers)),
         collectives,
         dead_actors,
         dead_registers,
@@ -251,7 +248,7 @@ def _renumber(
     register_id = _compact(len(plan.registers), dead_registers)
     group_of = {c.id: k for k, c in enumerate(collectives)}
     actors = tuple(
-        attrs.evolve(
+        evolve(
             a,
             id=actor_id[a.id],
             inputs=tuple(Input(register_id[i.register], i.sync) for i in a.inputs),
@@ -262,7 +259,7 @@ def _renumber(
         if a.id not in dead_actors
     )
     registers = tuple(
-        attrs.evolve(
+        evolve(
             r,
             id=register_id[r.id],
             producer=actor_id.get(r.producer, r.producer),
@@ -271,17 +268,16 @@ def _renumber(
         for r in plan.registers
         if r.id not in dead_registers
     )
-    return attrs.evolve(
+    return evolve(
         plan,
         actors=actors,
         registers=registers,
         collectives=tuple(
-            attrs.evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors))
-            for k, c in enumerate(collectives)
+            evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors)) for k, c in enumerate(collectives)
         ),
-        feeds=tuple(attrs.evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
-        outputs=tuple(attrs.evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),
-        parameters=tuple(attrs.evolve(p, register=register_id[p.register]) for p in plan.parameters),
+        feeds=tuple(evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
+        outputs=tuple(evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),
+        parameters=tuple(evolve(p, register=register_id[p.register]) for p in plan.parameters),
     )
 
 

@@ -13,10 +13,9 @@ rank that would need more than ``max_streams`` streams is a CompileError.
 
 from __future__ import annotations
 
-import attrs
-
 from ..errors import CompileError
 from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream, kinds_text, streams_per_rank
+from ..records import evolve
 
 RANK_STREAMS = ("collective", "comm")
 
@@ -74,8 +73,8 @@ def assign_streams(plan: Plan, limits: Resources = DEFAULT_RESOURCES) -> Plan:
         index[key] = len(streams)
         streams.append(Stream(len(streams), name, kind, device, rank, group, k))
     _check_limit(streams, filled, limits)
-    actors = tuple(attrs.evolve(a, stream=index[key_of(a)]) for a in plan.actors)
-    return attrs.evolve(plan, actors=actors, streams=tuple(streams))
+    actors = tuple(evolve(a, stream=index[key_of(a)]) for a in plan.actors)
+    return evolve(plan, actors=actors, streams=tuple(streams))
 
 
 def _check_limit(streams: list[Stream], filled: dict[tuple[str, ...], int], limits: Resources) -> None:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping, Sequence
 
-import attrs
-
 from ..dag import Edges, topological_order
 from ..plan import Actor, Consumer, Plan, Register
 from ..plan_check import data_edges
 from ..plan_check import unit_of as unit_of  # the passes take both from here
+from ..records import evolve
 
 
 def with_consumers(actors: Sequence[Actor], registers: Sequence[Register]) -> tuple[Register, ...]:
@@ -20,7 +19,7 @@ def with_consumers(actors: Sequence[Actor], registers: Sequence[Register]) -> tu
     for actor in actors:
         for slot, i in enumerate(actor.inputs):
             consumers[i.register].append(Consumer(actor.id, slot))
-    return tuple(attrs.evolve(r, consumers=tuple(c)) for r, c in zip(registers, consumers))
+    return tuple(evolve(r, consumers=tuple(c)) for r, c in zip(registers, consumers))
 
 
 def positions(edges: Edges) -> dict[int, int]:

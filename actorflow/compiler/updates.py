@@ -10,9 +10,8 @@ the update of iteration i let go of it.
 
 from __future__ import annotations
 
-import attrs
-
 from ..plan import Consumer, Input, Plan, Register
+from ..records import evolve
 from .topology import data_edges, reachable, unit_of
 
 
@@ -43,6 +42,6 @@ def order_updates(plan: Plan) -> Plan:
             control=True,
         )
         registers.append(reg)
-        actors[reader.id] = attrs.evolve(reader, outputs=(*reader.outputs, reg.id))
-        actors[update.id] = attrs.evolve(update, inputs=(*update.inputs, Input(reg.id)))
-    return attrs.evolve(plan, actors=tuple(actors), registers=tuple(registers))
+        actors[reader.id] = evolve(reader, outputs=(*reader.outputs, reg.id))
+        actors[update.id] = evolve(update, inputs=(*update.inputs, Input(reg.id)))
+    return evolve(plan, actors=tuple(actors), registers=tuple(registers))

@@ -15,11 +15,10 @@ from __future__ import annotations
 from types import TracebackType
 from typing import overload
 
-import attrs
-
 from ..graph.builder import fail, graph_for
 from ..graph.ir import Graph, Node, Tensor
 from ..ops.registry import lookup
+from ..records import evolve
 from .global_tensor import GlobalTensor
 from .program import Call, Pending, record_call
 
@@ -50,7 +49,7 @@ class Block:
             return
         for node in graph.nodes[start:]:
             if not node.backward and markable(node, self.comm):
-                graph.nodes[node.id] = attrs.evolve(node, recompute=True)
+                graph.nodes[node.id] = evolve(node, recompute=True)
         if graph.program is not None:
             graph.program.append(Call(self.__exit__, (None, None, None), {}, op=False))
 
@@ -101,7 +100,7 @@ def recompute(
             kind = lookup(node.op).kind
             hint = "; pass comm=True to recompute it" if kind in COMMUNICATION else ", kept anyway"
             raise fail("recompute", f"{t.name!r} is made by a {kind} op ({node.op}){hint}")
-        graph.nodes[node.id] = attrs.evolve(node, recompute=True)
+        graph.nodes[node.id] = evolve(node, recompute=True)
     if isinstance(tensor, GlobalTensor):
         record_call(recompute, (tensor,), {"comm": comm}, tensor, op=False)
     return tensor
