@@ -4,10 +4,13 @@ actors, collectives, the graph's build time, compile time (median of --repeats) 
 compile time per actor, which should stay flat: every pass is linear in actors and
 edges (reachability questions cost a big-int OR per edge, as wide as the questions).
 
-Python's own cost per object grows with the heap (caches, allocator arenas): the same
-10k-actor compile is 10-20% slower per actor while a 100k-actor plan is alive. So the
-last column compiles each size again beside the largest size's plan, at one heap size:
-there, time per actor that still grew would be the passes' doing.
+Python's own cost per object grows with the data it walks (caches, allocator arenas):
+the same 10k-actor compile is 10-20% slower per actor while a 100k-actor plan is alive.
+So two more columns tell the passes' growth from the machine's: each size compiled again
+beside the largest size's plan (one heap size), and a baseline measured on each plan,
+one sweep that is linear by construction (copy every actor, build the data edges, order
+them topologically), with compile time as a multiple of it. A pass that grew faster than
+linear would make that multiple grow.
 
 Run: python benchmarks/compile_time.py [--actors 1000 10000 100000] [--repeats 3]
 """
@@ -15,12 +18,16 @@ Run: python benchmarks/compile_time.py [--actors 1000 10000 100000] [--repeats 3
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
 import numpy as np
 
 import actorflow as af
+from actorflow.dag import topological_order
+from actorflow.plan_check import data_edges
+from actorflow.records import evolve
 from actorflow.text import columns
 
 DEVICES = [f"cpu:{k}" for k in range(4)]
@@ -62,15 +69,50 @@ def time_compile(graph: af.Graph, repeats: int, **options) -> tuple[af.Plan, flo
     return plan, statistics.median(times)
 
 
+def linear_sweep(plan: af.Plan) -> float:
+    """Seconds of one sweep over ``plan`` that is linear by construction: a copy of every
+    actor, the data edges, their topological order. The cyclic collector is off during
+    the sweep, as ``compile`` turns it off."""
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        tuple(evolve(a, priority=k) for k, a in enumerate(plan.actors))
+        topological_order(data_edges(plan))
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def compile_and_sweep(graph: af.Graph, repeats: int) -> tuple[af.Plan, float, float]:
+    """The plan, compile seconds and compile time over a linear sweep's (each a median of
+    ``repeats``), each sweep right after its compile, so the ratio is of one moment."""
+    times, ratios = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        plan = af.compile(graph)
+        times.append(time.perf_counter() - start)
+        ratios.append(times[-1] / linear_sweep(plan))
+    return plan, statistics.median(times), statistics.median(ratios)
+
+
 def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
-    header = ("target actors", "layers", "actors", "collectives", "build s", "compile s", "us per actor")
+    header = (
+        "target actors",
+        "layers",
+        "actors",
+        "collectives",
+        "build s",
+        "compile s",
+        "us per actor",
+        "x linear sweep",
+    )
     rows, graphs = [], []
     for target in sizes:
         layers = layers_for(target)
         start = time.perf_counter()
         graph = deep_mlp(layers)
         build = time.perf_counter() - start
-        plan, seconds = time_compile(graph, repeats)
+        plan, seconds, ratio = compile_and_sweep(graph, repeats)
         graphs.append(graph)
         rows.append(
             [
@@ -81,6 +123,7 @@ def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
                 f"{build:.2f}",
                 f"{seconds:.2f}",
                 f"{seconds / len(plan.actors) * 1e6:.1f}",
+                f"{ratio:.1f}",
             ]
         )
     largest = plan
