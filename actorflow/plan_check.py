@@ -177,6 +177,7 @@ def _check_registers(plan: Plan) -> None:
         first_on.setdefault(r.device, r.name)
     for device, name in first_on.items():
         _rank_of(plan, device, f"register {name!r}")
+    output_of = {o: a.id for a in plan.actors for o in a.outputs}  # a fused collective has thousands
     for r in plan.registers:
         if not -1 <= r.producer < n:
             raise CompileError(f"register {r.name!r} has producer {r.producer}; there are {n} actors")
@@ -190,7 +191,7 @@ def _check_registers(plan: Plan) -> None:
             raise CompileError(f"control register {r.name!r} is {r.dtype}{list(r.shape)}; it carries no data")
         if r.producer >= 0:
             producer = plan.actors[r.producer]
-            if r.id not in producer.outputs:
+            if output_of.get(r.id) != r.producer and r.id not in producer.outputs:
                 raise CompileError(
                     f"register {r.name!r} names {producer.name!r} as producer, which does not output it"
                 )

@@ -83,6 +83,8 @@ class Runtime:
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
         self._protocol: dict[int, list[int]] = {}
+        self._slots: dict[int, dict[int, int]] = {}
+        self._output_index: dict[int, int] = {}
         self._feed_names = feed_names(plan)
         self._feed_parts = {part: lt.name for lt in plan.logical if lt.kind == "feed" for part in lt.parts}
         self._drivers: list[Driver] = []
@@ -176,6 +178,10 @@ class Runtime:
             a.id: [k for k, i in enumerate(a.inputs) if not plan.registers[i.register].is_parameter]
             for a in local
         }
+        # input k -> its place in the protocol, and register -> its place among its
+        # producer's outputs: dicts, as a fused collective has thousands of each
+        self._slots = {a: {k: place for place, k in enumerate(ks)} for a, ks in self._protocol.items()}
+        self._output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
         for actor in local:
             periods = [_period(plan, actor, o) for o in actor.outputs]
             state = ActorState(
@@ -261,7 +267,7 @@ class Runtime:
 
     def _wire(self, member: Member) -> None:
         plan, actor = self.plan, member.actor
-        protocol = self._protocol[actor.id]
+        slot_of = self._slots[actor.id]
         for k, i in enumerate(actor.inputs):
             reg = plan.registers[i.register]
             if reg.is_parameter:
@@ -270,18 +276,16 @@ class Runtime:
             producer = self._members[reg.producer]
             member.inputs.append(
                 InputSpec(
-                    slot=protocol.index(k),
+                    slot=slot_of[k],
                     control=reg.control,
                     buffers=self._buffers[reg.id],
                     producer=producer,
-                    out=producer.actor.outputs.index(reg.id),
+                    out=self._output_index[reg.id],
                 )
             )
         for o in actor.outputs:
             reg = plan.registers[o]
-            consumers = [
-                (self._members[c.actor], self._protocol[c.actor].index(c.slot)) for c in reg.consumers
-            ]
+            consumers = [(self._members[c.actor], self._slots[c.actor][c.slot]) for c in reg.consumers]
             by_call = None
             if actor.calls > 1:
                 by_call = [
