@@ -1,11 +1,22 @@
-"""The suite's one hook: the tests that start MPI ranks (xdist group "mpi", one worker,
-one at a time) are collected first, so that their worker is busy with them from the
-start while the others share the rest, instead of running them alone at the end."""
+"""The suite's two hooks, both about its wall time on few cores.
+
+The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
+collected first, so that their worker is busy with them from the start while the others
+share the rest, instead of running them alone at the end. And ``-n auto`` starts one
+worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
+the failure tests' deadlines), so the cores are shared by the ranks and two workers.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return (os.cpu_count() or 1) + 1

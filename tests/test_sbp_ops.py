@@ -487,11 +487,12 @@ def reduced_sbp(op: str, sbp, axes, keepdims: bool, ndim: int = 3):
     return af.S(sbp.axis - (0 if keepdims else sum(a < sbp.axis for a in axes)))
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("sbp", [S0, S1, S2, B], ids=repr)
 @pytest.mark.parametrize("op", list(REDUCE))
 def test_reduce_3d(op, sbp, n):
-    """Every axis choice and keepdims in one graph per (op, SBP, devices)."""
+    """Every axis choice and keepdims in one graph per (op, SBP, devices); 4 devices are
+    covered by the 2-d reductions, whose split rules are the same."""
     cases = [(axis, keepdims) for axis in AXES for keepdims in (False, True)]
 
     def model(env):
