@@ -63,6 +63,8 @@ def layers_for(actors: int) -> int:
 def time_compile(graph: af.Graph, repeats: int, **options) -> tuple[af.Plan, float]:
     times, plan = [], None
     for _ in range(repeats):
+        plan = None
+        gc.collect()  # each compile starts from one collector state (see compile_and_sweep)
         start = time.perf_counter()
         plan = af.compile(graph, **options)
         times.append(time.perf_counter() - start)
@@ -88,6 +90,10 @@ def compile_and_sweep(graph: af.Graph, repeats: int) -> tuple[af.Plan, float, fl
     ``repeats``), each sweep right after its compile, so the ratio is of one moment."""
     times, ratios = [], []
     for _ in range(repeats):
+        plan = None
+        # compile pauses the cyclic collector; the collections it puts off would otherwise
+        # land in whichever compile comes next, scanning whatever heap is alive then
+        gc.collect()
         start = time.perf_counter()
         plan = af.compile(graph)
         times.append(time.perf_counter() - start)
