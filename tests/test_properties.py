@@ -525,25 +525,12 @@ def _chain(stage0, stage1, quota: int):
 
 
 @pytest.mark.parametrize("quota", [2, 3])
-def test_pipelining_with_sleepy_kernels(quota):
-    """Sleepy kernels of a few ms on cpu:0 and cpu:1: while cpu:1 works on iteration i,
-    cpu:0 already works on iteration i + 1."""
-    plan = _chain(gs.sleep3ms, gs.sleep3ms, quota)
-    n = 6
-    feeds = [{"x": np.full((4, 4), i, np.float32)} for i in range(n)]
-    outs, _, spans = run_traced(plan, feeds)
-    for i, out in enumerate(outs):
-        np.testing.assert_array_equal(out["y"], np.full((4, 4), i, np.float32))
-    assert overlapping_pairs(spans, "cpu:0/compute", "cpu:1/compute")
-    check_quotas_in_trace(plan, spans)
-
-
-@pytest.mark.parametrize("quota", [2, 3])
 def test_pipelining_rendezvous(quota):
-    """Deterministic form: stage A of iteration i + 1 (cpu:0) and stage B of iteration i
-    (cpu:1) each wait, inside their kernels, until the other has started. This completes
-    without a timeout only if the runtime lets the two iterations run at the same time,
-    and then every such pair overlaps in the trace."""
+    """Stage A of iteration i + 1 (cpu:0) and stage B of iteration i (cpu:1) each wait,
+    inside their kernels, until the other has started. This completes without a timeout
+    only if the runtime lets the two iterations run at the same time, and then every such
+    pair overlaps in the trace. (A form with sleeping kernels, asserting that some pair
+    overlapped, failed once on a loaded machine: a timing, not a runtime, fault.)"""
     n = 5
     plan = _chain(gs.stage_a, gs.stage_b, quota)
     feeds = [{"x": np.full((4, 4), i, np.float32)} for i in range(n)]
@@ -553,3 +540,4 @@ def test_pipelining_rendezvous(quota):
     for i, out in enumerate(outs):
         np.testing.assert_array_equal(out["y"], np.full((4, 4), i, np.float32))
     assert overlapping_pairs(spans, "cpu:0/compute", "cpu:1/compute") == [(i, i + 1) for i in range(n - 1)]
+    check_quotas_in_trace(plan, spans)
