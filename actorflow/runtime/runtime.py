@@ -29,6 +29,7 @@ import msgpack
 import numpy as np
 import trio
 
+from ..collector import cyclic_gc_paused
 from ..errors import FeedError, RankError, StallError
 from ..plan import Actor, Plan, transfer_peers
 from ..trace.recorder import TRACE_LIMIT, Recorder
@@ -159,6 +160,7 @@ class Runtime:
 
     # -- wiring ------------------------------------------------------------------
 
+    @cyclic_gc_paused()
     def _build(self) -> None:
         plan = self.plan
         local = [a for a in plan.actors if plan.rank_of(a.device) == self.rank]
