@@ -3,10 +3,11 @@ large structure of objects that reference counting frees on its own.
 
 CPython runs the collector after every 700 net allocations of container objects, and
 every so often over the whole heap. Building something as large as a 100k-actor plan
-(compile's passes) or the wiring of a runtime for one allocates millions of objects, so
-with a large plan alive most of that time went to collections that found nothing: compile
-time grew as the square of the actors (100k actors: 25 s with the collector, 7 s
-without), and opening a runtime took three times as long.
+(compile's passes, ``Plan.from_bytes``) or the wiring of a runtime for one allocates
+millions of objects, so with a large plan alive most of that time went to collections
+that found nothing: compile time grew as the square of the actors (100k actors: 25 s
+with the collector, 7 s without); opening a runtime took three times as long, and a
+plan's round trip through bytes 1.6 times.
 """
 
 from __future__ import annotations

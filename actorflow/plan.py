@@ -26,6 +26,7 @@ import numpy as np
 from cattrs.errors import IterableValidationError, IterableValidationNote
 from cattrs.gen import make_dict_structure_fn
 
+from .collector import cyclic_gc_paused
 from .errors import CompileError, PlanSerializationError
 from .plan_check import transfers, validate
 
@@ -295,6 +296,7 @@ class Plan:
             if i.event
         )
 
+    @cyclic_gc_paused()
     def to_bytes(self) -> bytes:
         for actor in self.actors:
             for fn in [actor.kernel, *(v for v in actor.attrs.values() if callable(v))]:
@@ -305,6 +307,7 @@ class Plan:
         return _seal(msgpack.packb(_converter.unstructure(self), default=_encode))
 
     @classmethod
+    @cyclic_gc_paused()
     def from_bytes(cls, data: bytes) -> Plan:
         """Read a Plan back, checked: its digest (so corrupted bytes are refused), its
         schema (no unknown or missing keys, no wrong types) and ``plan_check.validate``
