@@ -40,6 +40,7 @@ from typing import Any
 
 import attrs
 
+from ..collector import cyclic_gc_paused
 from .parse import Span, Trace, parse, sort_key
 from .recorder import STEP
 
@@ -139,6 +140,7 @@ def summarize(
     return summarize_parsed(parse(trace_json), stages)
 
 
+@cyclic_gc_paused()
 def summarize_parsed(trace: Trace, stages: Sequence[str] | None = None) -> TraceSummary:
     """``summarize`` for a trace already parsed."""
     spans = trace.spans

@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ..collector import cyclic_gc_paused
 from .recorder import STEP, WAIT, stream_kind
 
 COPY_CATEGORIES = frozenset({"copy", "feed", "fetch"})
@@ -75,6 +76,7 @@ def load(path: str | os.PathLike) -> dict[str, Any] | list[dict[str, Any]]:
     raise ValueError("not a Chrome trace: expected a list of events or an object with 'traceEvents'")
 
 
+@cyclic_gc_paused()
 def parse(trace_json: dict[str, Any] | list[dict[str, Any]]) -> Trace:
     events = trace_json.get("traceEvents", []) if isinstance(trace_json, dict) else trace_json
     processes: dict[Any, str] = {}

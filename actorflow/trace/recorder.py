@@ -53,6 +53,8 @@ from typing import Any
 
 import attrs
 
+from ..collector import cyclic_gc_paused
+
 WAIT = "wait"
 STEP = "step"
 HOST, STEPS = "host", "steps"  # the process and thread of the step spans
@@ -194,6 +196,7 @@ class Recorder:
         write_chrome(self.to_chrome(), path)
 
 
+@cyclic_gc_paused()
 def chrome_trace(spans: Iterable[Span], keep_inputs: bool = False) -> dict[str, Any]:
     """Chrome trace JSON: named and ordered process and thread tracks, one complete event
     per span (µs from the first span), and flow events for cross-track inputs."""
