@@ -528,6 +528,20 @@ def test_call_with_a_new_shape_and_dtype_cast():
     check(run_graph(build, {"x": xs})["y"], ref * ref, "float32")
 
 
+def test_the_call_kernel_casts_only_within_a_kind():
+    """Its own dtype is assigned, another float is cast (same kind), a float into an int
+    register is refused rather than truncated."""
+    from actorflow.ops import kernels
+
+    out = np.zeros(3, np.float32)
+    kernels.call([np.arange(3, dtype=np.float32)], [out], fn=lambda a: a * 2)
+    np.testing.assert_array_equal(out, [0, 2, 4])
+    kernels.call([np.arange(3, dtype=np.float64)], [out], fn=lambda a: a + 0.5)
+    np.testing.assert_array_equal(out, [0.5, 1.5, 2.5])
+    with pytest.raises(TypeError, match="same_kind"):
+        kernels.call([np.arange(3, dtype=np.float64)], [np.zeros(3, np.int64)], fn=lambda a: a + 0.5)
+
+
 def test_call_three_inputs_then_builtin_ops():
     a, b, c = (rand((2, 5), "float64", seed=27 + k) for k in range(3))
 
