@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 import actorflow as af
+from actorflow.collector import cyclic_gc_paused
 from actorflow.dag import topological_order
 from actorflow.plan_check import data_edges
 from actorflow.records import evolve
@@ -60,29 +61,33 @@ def layers_for(actors: int) -> int:
     return max(1, round(actors / ACTORS_PER_LAYER))
 
 
+def compile_once(graph: af.Graph, **options) -> tuple[af.Plan, float]:
+    """The plan and its compile seconds. ``compile`` pauses the cyclic collector; the
+    collections it puts off would otherwise land in whichever compile comes next,
+    scanning whatever heap is alive then, so each compile starts after a collection."""
+    gc.collect()
+    start = time.perf_counter()
+    plan = af.compile(graph, **options)
+    return plan, time.perf_counter() - start
+
+
 def time_compile(graph: af.Graph, repeats: int, **options) -> tuple[af.Plan, float]:
-    times, plan = [], None
+    """The plan and the median compile seconds of ``repeats`` compiles."""
+    times = []
     for _ in range(repeats):
-        plan = None
-        gc.collect()  # each compile starts from one collector state (see compile_and_sweep)
-        start = time.perf_counter()
-        plan = af.compile(graph, **options)
-        times.append(time.perf_counter() - start)
+        plan, seconds = compile_once(graph, **options)
+        times.append(seconds)
     return plan, statistics.median(times)
 
 
+@cyclic_gc_paused()  # as compile pauses it
 def linear_sweep(plan: af.Plan) -> float:
     """Seconds of one sweep over ``plan`` that is linear by construction: a copy of every
-    actor, the data edges, their topological order. The cyclic collector is off during
-    the sweep, as ``compile`` turns it off."""
-    gc.disable()
-    try:
-        start = time.perf_counter()
-        tuple(evolve(a, priority=k) for k, a in enumerate(plan.actors))
-        topological_order(data_edges(plan))
-        return time.perf_counter() - start
-    finally:
-        gc.enable()
+    actor, the data edges, their topological order."""
+    start = time.perf_counter()
+    tuple(evolve(a, priority=k) for k, a in enumerate(plan.actors))
+    topological_order(data_edges(plan))
+    return time.perf_counter() - start
 
 
 def compile_and_sweep(graph: af.Graph, repeats: int) -> tuple[af.Plan, float, float]:
@@ -90,14 +95,9 @@ def compile_and_sweep(graph: af.Graph, repeats: int) -> tuple[af.Plan, float, fl
     ``repeats``), each sweep right after its compile, so the ratio is of one moment."""
     times, ratios = [], []
     for _ in range(repeats):
-        plan = None
-        # compile pauses the cyclic collector; the collections it puts off would otherwise
-        # land in whichever compile comes next, scanning whatever heap is alive then
-        gc.collect()
-        start = time.perf_counter()
-        plan = af.compile(graph)
-        times.append(time.perf_counter() - start)
-        ratios.append(times[-1] / linear_sweep(plan))
+        plan, seconds = compile_once(graph)
+        times.append(seconds)
+        ratios.append(seconds / linear_sweep(plan))
     return plan, statistics.median(times), statistics.median(ratios)
 
 
@@ -132,12 +132,11 @@ def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
                 f"{ratio:.1f}",
             ]
         )
-    largest = plan
+    largest = plan  # alive while every size compiles again beside it
     for row, graph in zip(rows, graphs):
         _, seconds = time_compile(graph, repeats)
         row.append(f"{seconds / int(row[2]) * 1e6:.1f}")
-    del largest
-    beside = f"us per actor beside the {int(rows[-1][2]) // 1000}k plan"
+    beside = f"us per actor beside the {len(largest.actors) // 1000}k plan"
     return [(*header, beside), *map(tuple, rows)]
 
 
