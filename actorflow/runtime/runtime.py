@@ -83,7 +83,6 @@ class Runtime:
         self.stall_timeout = stall_timeout
         self.units: list[Unit] = []
         self._members: dict[int, Member] = {}
-        self._protocol: dict[int, list[int]] = {}
         self._slots: dict[int, dict[int, int]] = {}
         self._output_index: dict[int, int] = {}
         self._feed_names = feed_names(plan)
@@ -176,21 +175,17 @@ class Runtime:
             else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
             for r in plan.registers
         ]
-        self._protocol = {
-            a.id: [k for k, i in enumerate(a.inputs) if not plan.registers[i.register].is_parameter]
-            for a in local
-        }
-        # input k -> its place in the protocol, and register -> its place among its
-        # producer's outputs: dicts, as a fused collective has thousands of each
-        self._slots = {a: {k: place for place, k in enumerate(ks)} for a, ks in self._protocol.items()}
+        # dicts, as a fused collective has thousands of inputs and outputs
+        self._slots = {a.id: _protocol_slots(plan, a) for a in local}
         self._output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
         for actor in local:
             periods = [_period(plan, actor, o) for o in actor.outputs]
+            slots = self._slots[actor.id]
             state = ActorState(
-                len(self._protocol[actor.id]),
+                len(slots),
                 [plan.registers[o].quota for o in actor.outputs],
                 [len(plan.registers[o].consumers) for o in actor.outputs],
-                holds=[_hold(plan, actor, actor.inputs[k]) for k in self._protocol[actor.id]],
+                holds=[_hold(plan, actor, actor.inputs[k]) for k in slots],
                 periods=periods,
                 call_consumers=_call_consumers(plan, actor),
             )
@@ -692,6 +687,13 @@ def _last_micro_batch(act: int, every: int) -> int:
     """The last micro-batch that act ``act`` of an actor acting every ``every`` serves:
     where its result is fetched, and what its inputs' producers made it from."""
     return (act + 1) * every - 1
+
+
+def _protocol_slots(plan: Plan, actor: Actor) -> dict[int, int]:
+    """Input k -> its place among ``actor``'s inputs that take part in the credit protocol
+    (a parameter's does not), in input order."""
+    produced = [k for k, i in enumerate(actor.inputs) if not plan.registers[i.register].is_parameter]
+    return {k: place for place, k in enumerate(produced)}
 
 
 def _hold(plan: Plan, actor, i) -> int:
