@@ -29,10 +29,17 @@ heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from
 asks another where its wait-for chain goes on there (``QUERY``, ``REPLY``: the runtime's
 ``on_query`` and ``on_reply`` get the bytes).
 
-It leaves SIGUSR1 alone: MPICH's mpiexec sends it to every rank when one ends (even
-normally, with the mpich 5.0 wheel) and MPICH handles it; a Python handler in its place
-was seen to let it kill ranks as they exited. A process whose run failed over ranks
-exits with status 1 at interpreter exit without finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
+It ignores SIGUSR1 (when MPI starts on the main thread, where Python may set handlers).
+MPICH's mpiexec sends it to every rank when one ends (even normally, with the mpich 5.0
+wheel), and MPICH's own handler answers it with a PMI query for the dead ranks. Hydra
+kills the other ranks when one dies of a signal; when it killed the asking rank before
+the answer arrived, hydra's proxy and mpiexec aborted without reporting any rank's exit
+status (strace; 1 kill in 15 under load). Ranks learn of a lost peer from the control
+messages above instead. SIG_IGN, unlike a Python handler, stays in place while the
+interpreter exits, so SIGUSR1 never kills a rank that is leaving.
+
+A process whose run failed over ranks exits with status 1 at interpreter exit without
+finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
 survivor of a killed rank was seen to hang there for good).
 """
 
@@ -41,6 +48,7 @@ from __future__ import annotations
 import atexit
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -74,6 +82,8 @@ def mpi() -> Any:
         raise RankError(
             "a plan over several ranks runs on MPI: pip install 'actorflow[mpi]' (mpi4py and mpich)"
         ) from e
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return MPI
 
 
