@@ -46,6 +46,7 @@ survivor of a killed rank was seen to hang there for good).
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import queue
 import signal
@@ -68,6 +69,7 @@ HEARTBEAT = 0.5
 LOST_AFTER = 3.0
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
+PR_SET_TIMERSLACK = 29  # prctl(2)
 JOIN_TIMEOUT = 120.0
 FAILED, BEAT, BYE, QUERY, REPLY = 1, 2, 3, 4, 5
 
@@ -193,6 +195,7 @@ class Transport:
     # -- the thread ------------------------------------------------------------------
 
     def _loop(self) -> None:
+        _precise_sleeps()
         MPI = self.MPI
         live: list[tuple[Any, Done | None, bool]] = []  # request, callback, data moving
         moving = 0
@@ -324,6 +327,19 @@ class CommExecutor:
 
     def close(self) -> None:
         self._transport.close()
+
+
+def _precise_sleeps() -> None:
+    """Make this thread's timed waits end when asked. Linux rounds each one up by the
+    thread's timer slack, 50 µs by default: the back-offs of 20 and 100 µs took 108 and
+    181 µs here (``time.sleep`` measured), so every poll of a transfer came late; with a
+    slack of 1 µs they take 42 and 126 µs. Elsewhere nothing changes."""
+    if sys.platform != "linux":
+        return
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 _exiting = False
