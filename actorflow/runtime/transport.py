@@ -15,7 +15,8 @@ made its bandwidth up to twice the back-off's, alone, but took the GIL from the 
 compute thread so often that data-parallel training on 2 ranks ran 1.56x of one device
 instead of 1.73x (``benchmarks/ranks.py`` (a) and (c)). A posted receive alone lets it
 back off to ``MAX_BACKOFF``: polling for it every 100 µs cost that training more than
-it saved a hop.
+it saved a hop. With nothing in flight there is nothing to poll: the thread sleeps
+until new work comes or the control messages' turn (every ``CONTROL_EVERY``).
 
 Two users: the rank's communication stream (``CommExecutor``: sends and receives, whose
 completions go to the stream's driver as messages), and collectives
@@ -256,10 +257,13 @@ class Transport:
                                 )
                             )
                             left.add(peer)
-                most = MOVING_BACKOFF if moving else MAX_BACKOFF
-                backoff = MIN_BACKOFF if busy else min(2 * backoff, most)
+                if live:
+                    most = MOVING_BACKOFF if moving else MAX_BACKOFF
+                    backoff = wait = MIN_BACKOFF if busy else min(2 * backoff, most)
+                else:  # nothing to poll: sleep until new work or the control messages' turn
+                    backoff, wait = MIN_BACKOFF, next_control - now
                 try:
-                    carried.append(self._queue.get(timeout=backoff))
+                    carried.append(self._queue.get(timeout=wait))
                 except queue.Empty:
                     pass
         except MPI.Exception as exc:
