@@ -166,3 +166,38 @@ def test_training_2x2_on_four_ranks_launched_equals_one_process(tmp_path):
     sets = ["train.steps=10", "model.dtype=float64"]
     expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
     assert_same_training(train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets), expected)
+
+
+HOP_THREADS = """
+import threading
+import numpy as np
+import actorflow as af
+from actorflow.world import this_rank
+
+with af.Graph() as g:
+    x = af.placeholder("x", (3,), "float64", "cpu:0")
+    y = af.ops.relu(af.ops.to_device(x, "cpu:1"))
+    af.output("y", af.ops.to_device(af.ops.mul(y, y), "cpu:0"))
+plan = af.compile(g, ranks=2)
+feeds = [{"x": np.array([-1.0, 2.0, float(k)])} for k in range(5)]
+with af.Session(plan) as session:
+    got = session.run(feeds)
+    names = sorted(t.name for t in threading.enumerate())
+rank = this_rank()
+comm = next(s.name for s in plan.streams if s.kind == "comm" and plan.rank_of(s.device) == rank)
+print("comm", comm, "threads", names)
+assert comm not in names and f"rank{rank}/transport" in names, names
+if rank == 0:
+    for f, out in zip(feeds, got):
+        assert np.array_equal(out["y"], np.maximum(f["x"], 0) ** 2), (f, out)
+print("ok")
+"""
+
+
+@pytest.mark.timeout(60)
+def test_the_communication_stream_runs_on_the_transport_thread():
+    """A rank's sends and receives are driven by its transport's thread (no thread of the
+    communication stream's own), and the hops they make still carry every iteration."""
+    status, out = ranks.python(2, HOP_THREADS)
+    assert status == 0, out
+    assert out.count("ok") == 2, out

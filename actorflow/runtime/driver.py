@@ -3,9 +3,11 @@
 OneFlow's runtime is thin because each thread runs its own actors' messages: a kernel's
 end readies its successors on the same stream and launches the next without a trip
 through anyone else. Here too: a driver's thread drains its inbox (ready, free, kick,
-fence and, on the communication stream, completion messages) and launches, one at a
-time, the unit that can act with the lowest priority number. A unit is one actor, or
-the participants of one collective, which act together as one kernel.
+fence) and launches, one at a time, the unit that can act with the lowest priority
+number. A unit is one actor, or the participants of one collective, which act
+together as one kernel. (A rank's communication stream has no thread of its own: the
+transport's thread, which starts its sends and receives, runs its loop between polls,
+``turn``.)
 
 On a stream thread a launch runs the kernel at once, so consumers hear "ready" and
 producers get their buffers back when the kernel ends: on the same stream by a plain
@@ -151,7 +153,8 @@ class Driver:
     """``order``: for a collective stream, the units in the order they launch within a
     step (see ``step_order``), which the stream follows strictly, step after step;
     ``transport``: the stream is the rank's communication stream, whose kernels
-    the transport runs, completing in any order. ``start`` starts the stream's thread;
+    the transport runs, completing in any order, and whose loop runs on the transport's
+    thread (``turn``). ``start`` starts the stream's thread;
     ``post`` and ``close`` are safe from any thread; everything else runs on the
     stream's thread."""
 
@@ -178,14 +181,22 @@ class Driver:
         self.owed = 0  # acts of this run yet to complete
         self._recording = runtime.recorder.enabled
         self.closed = False
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
         self._heap: list[tuple[int, int, Unit]] = []
         for unit in units:
             unit.driver = self
+        self.inbox: queue.SimpleQueue
+        self._own_thread = transport is None
+        if transport is None:
+            self.inbox = queue.SimpleQueue()
+            self.thread = threading.Thread(target=self.serve, name=name, daemon=True)
+        else:  # the transport's thread runs this loop between its polls (``turn``)
+            self.inbox, self.thread = transport.inbox, transport.thread
+            transport.serve(self.turn)
 
     def start(self) -> None:
-        self.thread.start()
+        """Start the stream's thread (the transport starts its own)."""
+        if self._own_thread:
+            self.thread.start()
 
     def post(self, message: tuple) -> None:
         self.inbox.put(message)
@@ -197,7 +208,7 @@ class Driver:
         self.inbox.put((STOP,))
 
     def _on_comm_done(self, completion: Completion) -> None:
-        self.post((DONE, completion))
+        self.turn([(DONE, completion)])
 
     def serve(self) -> None:
         """The stream thread's loop: wait for news while nothing can act, hear all of it,
@@ -210,6 +221,19 @@ class Driver:
                 while not inbox.empty():
                     self._handle(inbox.get_nowait())
                 self._launch_ready()
+        except BaseException as exc:  # noqa: BLE001 - nothing may hang on a driver's bug
+            self.closed = True
+            self.runtime.fail_soon(exc)
+
+    def turn(self, messages: list[tuple]) -> None:
+        """One pass of ``serve``'s loop, for the communication stream, whose loop the
+        transport's thread runs: hear ``messages`` (and a finished send or receive), launch."""
+        if self.closed:
+            return
+        try:
+            for message in messages:
+                self._handle(message)
+            self._launch_ready()
         except BaseException as exc:  # noqa: BLE001 - nothing may hang on a driver's bug
             self.closed = True
             self.runtime.fail_soon(exc)
