@@ -237,7 +237,7 @@ class Transport:
                 messages = []
                 for item in _drain(self.inbox, carried):
                     if item is None:
-                        self._leave(self._live, listen)
+                        self._leave(listen)
                         return
                     busy = True
                     if isinstance(item, _Work):
@@ -325,12 +325,12 @@ class Transport:
             _exit_unfinalized()
             self.on_failure(exc)
 
-    def _leave(self, live: list, listen: Any) -> None:
+    def _leave(self, listen: Any) -> None:
         """Say goodbye (unless failed), give what is in flight a moment, and stop listening."""
         if not self._failed:
-            live.extend((self.control.Isend(b"", dest=p, tag=BYE), None, False) for p in self.peers)
+            self._live.extend((self.control.Isend(b"", dest=p, tag=BYE), None, False) for p in self.peers)
         deadline = time.monotonic() + LEAVE_WAIT
-        pending = [x[0] for x in live]
+        pending = [x[0] for x in self._live]
         while pending and time.monotonic() < deadline and not self.MPI.Request.Testall(pending):
             time.sleep(MAX_BACKOFF)
         listen.Cancel()
