@@ -211,23 +211,20 @@ class Driver:
         self.turn([(DONE, completion)])
 
     def serve(self) -> None:
-        """The stream thread's loop: wait for news while nothing can act, hear all of it,
-        launch. A failure of the loop itself (not of a kernel) goes to the host too."""
+        """The stream thread's loop: wait for news while nothing can act, then take a
+        ``turn`` with all of it."""
         inbox = self.inbox
-        try:
-            while not self.closed:
-                if not self._heap:
-                    self._handle(inbox.get())
-                while not inbox.empty():
-                    self._handle(inbox.get_nowait())
-                self._launch_ready()
-        except BaseException as exc:  # noqa: BLE001 - nothing may hang on a driver's bug
-            self.closed = True
-            self.runtime.fail_soon(exc)
+        while not self.closed:
+            messages = [] if self._heap else [inbox.get()]
+            while not inbox.empty():
+                messages.append(inbox.get_nowait())
+            self.turn(messages)
 
     def turn(self, messages: list[tuple]) -> None:
-        """One pass of ``serve``'s loop, for the communication stream, whose loop the
-        transport's thread runs: hear ``messages`` (and a finished send or receive), launch."""
+        """One pass of the loop: hear ``messages``, launch. The communication stream's
+        loop is these turns, taken by the transport's thread between its polls (and at a
+        finished send or receive). A failure of the loop itself (not of a kernel) goes
+        to the host too."""
         if self.closed:
             return
         try:
