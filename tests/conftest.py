@@ -1,14 +1,18 @@
-"""The suite's two hooks, both about its wall time on few cores.
+"""The suite's three hooks, all about its wall time on few cores.
 
 The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
 collected first, so that their worker is busy with them from the start while the others
 share the rest, instead of running them alone at the end. And ``-n auto`` starts one
 worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
 the failure tests' deadlines), so the cores are shared by the ranks and two workers.
+And once collected, the session's long-lived objects (modules, test items, hypothesis'
+strategies) are frozen out of the cyclic collector: its full collections walked them
+again and again, 1.8 of 20 s in the heaviest files, 0.7 s once frozen.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -16,6 +20,10 @@ import pytest
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.freeze()
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
