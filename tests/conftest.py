@@ -6,8 +6,8 @@ share the rest, instead of running them alone at the end. And ``-n auto`` starts
 worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
 the failure tests' deadlines), so the cores are shared by the ranks and two workers.
 And once collected, the session's long-lived objects (modules, test items, hypothesis'
-strategies) are frozen out of the cyclic collector: its full collections walked them
-again and again, 1.8 of 20 s in the heaviest files, 0.7 s once frozen.
+strategies) are frozen out of the cyclic collector, whose full collections walked them
+again and again: 1.8 s of a 20 s run of the heaviest files, 0.7 s once frozen.
 """
 
 from __future__ import annotations
