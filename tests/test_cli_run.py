@@ -121,6 +121,9 @@ def test_run_prints_the_table_and_writes_metrics_and_trace(capsys, tmp_path, tin
     share = summarize(chrome).critical_path.shares["gap"]
     assert data["critical_path_handoff_share"] == pytest.approx(share)
     assert f"critical path: {share:.0%} between kernels" in out
+    path = summarize(chrome).critical_path
+    assert data["critical_path_communication_share"] == pytest.approx(path.communication_share)
+    assert f"{path.communication_share:.0%} in communication" in out
 
 
 def test_run_metrics_path_from_the_config(capsys, tmp_path, tiny):

@@ -184,13 +184,35 @@ def test_critical_path_without_flows_is_the_longest_stream_chain():
     span(rec, "cpu:0/compute", "a", 0, 1)
     span(rec, "cpu:0/compute", "b", 3, 4)
     span(rec, "cpu:1/compute", "c", 0.5, 2.5)
-    span(rec, "cpu:1/compute", "d", 2, 3)  # overlaps c: its gap counts as 0, not negative
+    span(rec, "cpu:1/compute", "d", 2, 3)  # overlaps c: no gap, and the overlap counts once
     path = summarize(rec.to_chrome()).critical_path
     assert path.length_s == ms(4) and path.by_kind == {"compute": ms(2), "gap": ms(2)}
     rec2 = Recorder(enabled=True)
     span(rec2, "cpu:1/compute", "c", 0.5, 2.5)
     span(rec2, "cpu:1/compute", "d", 2, 3)
-    assert summarize(rec2.to_chrome()).critical_path.length_s == ms(3)
+    path = summarize(rec2.to_chrome()).critical_path
+    assert path.length_s == ms(2.5) and path.by_kind == {"compute": ms(2.5)}
+
+
+def test_receives_posted_ahead_make_no_path_longer_than_the_wall():
+    """A rank's sends and receives are in flight together: the communication stream's
+    order chains nothing, and a receive counts from where its chain reached."""
+    rec = Recorder(enabled=True)
+    span(rec, "rank1/comm", "r1", 0, 5, category="recv", act=0)  # posted at once, data at 5
+    span(rec, "rank1/comm", "r2", 0.5, 9, category="recv", act=0)
+    span(rec, "cpu:0/compute", "f1", 0, 4, act=0)
+    span(rec, "rank0/comm", "s1", 4, 5, category="send", act=0, inputs=[["f1", 0]])
+    span(rec, "cpu:1/compute", "g1", 5, 6, act=0, inputs=[["r1", 0]])
+    span(rec, "cpu:0/compute", "f2", 4, 8, act=1)
+    span(rec, "cpu:1/compute", "g2", 9, 10, act=1, inputs=[["r2", 0]])
+    s = summarize(rec.to_chrome())
+    path = s.critical_path
+    assert path.length_s <= s.wall_s
+    # r1 -> g1 -> g2 (10 ms) beats r2 -> g2 (9.5 ms); chained by the stream's order,
+    # r1 -> r2 -> g2 would have summed 14.5 ms of a 10 ms wall
+    assert path.length_s == ms(10) and path.kernels == 3
+    assert path.by_kind == {"recv": ms(5), "compute": ms(2), "gap": ms(3)}
+    assert path.communication_share == pytest.approx(0.5)
 
 
 def test_parse_is_lenient_with_foreign_traces():

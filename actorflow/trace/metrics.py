@@ -23,12 +23,17 @@ Definitions (a *kernel* is any complete event whose category is neither ``"wait"
   turn-around) is in no window. ``balanced_bubbles``: what the bubbles would be with
   the stages' measured busy times and no time between kernels.
 - **critical path**: the longest chain of kernels where each step is a flow edge
-  (producer -> consumer) or same-stream order (a kernel -> the stream's next kernel). A
-  chain's length is its kernels' durations plus the gaps between consecutive steps
-  (next start - previous end, clamped at 0), i.e. last end - first start when nothing
-  overlaps; of equally long chains the one with most kernel time wins. Its composition
-  is the time per span category on it, plus ``"gap"`` for the gaps (runtime latency,
-  event waits, queueing).
+  (producer -> consumer) or same-stream order (a kernel -> the stream's next kernel;
+  not on a rank's communication stream, whose sends and receives are in flight
+  together, in any order). A chain's length is the time it covers, first start to
+  last end: each kernel adds its time after the chain so far ended, and the gap
+  before it (next start - the chain's end, clamped at 0). So a kernel that overlaps
+  the one before it (a receive posted ahead, spans of a foreign trace) counts once,
+  and no chain is longer than the wall. Of equally long chains the one with most
+  kernel time wins. Its composition is the time per span category on it, plus
+  ``"gap"`` for the gaps (runtime latency, event waits, queueing); ``COMMUNICATION``
+  names the categories of time spent moving data between ranks or devices' groups
+  (sends, receives, collectives), waits on a peer included.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ from typing import Any
 import attrs
 
 from ..collector import cyclic_gc_paused
-from .parse import Span, Trace, parse, sort_key
+from .parse import Trace, parse, sort_key
 from .recorder import STEP
 
 GAP = "gap"
+COMMUNICATION = ("send", "recv", "collective")
 Interval = tuple[int, int]
 
 
@@ -76,6 +82,10 @@ class CriticalPath:
     @property
     def shares(self) -> dict[str, float]:
         return {k: (v / self.length_s if self.length_s else 0.0) for k, v in self.by_kind.items()}
+
+    @property
+    def communication_share(self) -> float:
+        return sum(v for k, v in self.shares.items() if k in COMMUNICATION)
 
 
 @attrs.frozen
@@ -235,12 +245,15 @@ def pipeline_theory(
 
 def critical_path(trace: Trace) -> CriticalPath:
     """The longest chain (module docstring), by dynamic programming over kernels in start order."""
-    order = [i for i, s in enumerate(trace.spans) if s.is_kernel]
+    spans = trace.spans
+    order = [i for i, s in enumerate(spans) if s.is_kernel]
     rank = {i: k for k, i in enumerate(order)}
     preds: dict[int, list[int]] = {i: [] for i in order}
     last_on_track: dict[int, int] = {}
     for i in order:
-        track = trace.spans[i].track
+        track = spans[i].track
+        if trace.tracks[track].kind == "comm":
+            continue
         if track in last_on_track:
             preds[i].append(last_on_track[track])
         last_on_track[track] = i
@@ -248,29 +261,37 @@ def critical_path(trace: Trace) -> CriticalPath:
         if rank[p] < rank[c]:
             preds[c].append(p)
 
-    spans = trace.spans
-    best: dict[int, tuple[int, int]] = {}  # (length, kernel time) of the best chain ending here
+    # per kernel, of the best chain ending there: (length, kernel time), the time it
+    # reaches, its parent, and what the kernel adds to it (gap, own time)
+    best: dict[int, tuple[int, int]] = {}
+    reach: dict[int, int] = {}
     parent: dict[int, int | None] = {}
+    adds: dict[int, tuple[int, int]] = {}
     for i in order:
-        dur = spans[i].end - spans[i].start
-        best[i], parent[i] = (dur, dur), None
+        span = spans[i]
+        dur = span.end - span.start
+        best[i], reach[i], parent[i], adds[i] = (dur, dur), span.end, None, (0, dur)
         for p in preds[i]:
+            gap = max(0, span.start - reach[p])
+            own = max(0, span.end - max(span.start, reach[p]))
             length, kernel = best[p]
-            candidate = (length + _gap(spans[p], spans[i]) + dur, kernel + dur)
+            candidate = (length + gap + own, kernel + own)
             if candidate > best[i]:
-                best[i], parent[i] = candidate, p
+                best[i], reach[i], parent[i] = candidate, max(reach[p], span.end), p
+                adds[i] = (gap, own)
     if not order:
         return CriticalPath(0.0, 0, {})
     node: int | None = max(order, key=lambda i: best[i])
     by_kind: Counter[str] = Counter()
     count = 0
     while node is not None:
-        span, before = spans[node], parent[node]
-        by_kind[span.category] += span.end - span.start
-        if before is not None and _gap(spans[before], span):
-            by_kind[GAP] += _gap(spans[before], span)
+        gap, own = adds[node]
+        if own:
+            by_kind[spans[node].category] += own
+        if gap:
+            by_kind[GAP] += gap
         count += 1
-        node = before
+        node = parent[node]
     return CriticalPath(_s(sum(by_kind.values())), count, {k: _s(v) for k, v in by_kind.items()})
 
 
@@ -310,10 +331,6 @@ def _bubbles(
         mine = used.get(track, 0) if track is not None else 0
         bubbles.append(StageBubble(stage, device, _s(mine), 1.0 - _fraction(mine, window)))
     return window, tuple(bubbles)
-
-
-def _gap(before: Span, after: Span) -> int:
-    return max(0, after.start - before.end)
 
 
 def _union(intervals: Iterable[Interval]) -> list[Interval]:

@@ -47,8 +47,9 @@ def table(config: Config, result: RunResult) -> str:
         )
     lines += columns(rows)
     lines.append(
-        f"critical path: {result.handoff_share:.0%} between kernels (host hand-offs, event waits, "
-        "queueing), the rest in kernels"
+        f"critical path: {result.handoff_share:.0%} between kernels (host hand-offs, the transport's "
+        f"polls, queueing), {result.communication_share:.0%} in communication (sends, receives, "
+        "collectives), the rest in compute and copy kernels"
     )
     lines.append(_theory_line(parallel.schedule, result))
     lines.append(
@@ -87,6 +88,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "losses": result.losses,
         "bubble_steps": result.bubble_steps,
         "critical_path_handoff_share": result.handoff_share,
+        "critical_path_communication_share": result.communication_share,
         "stages": [
             {
                 "devices": list(devices),

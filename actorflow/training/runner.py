@@ -44,7 +44,9 @@ class RunResult:
     least what was held at any one moment, at most ``memory``), parameters included;
     ``handoff_share``: the part of the measured steps' critical
     path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
-    event waits and queueing: why a bubble is larger than the theory's; ``balanced``:
+    the transport's polls (over ranks) and queueing: why a bubble is larger than the
+    theory's; ``communication_share``: the part of it in sends, receives and
+    collectives; ``balanced``:
     per stage, the bubble with its measured busy time and none between kernels (uneven
     stages make it larger than ``theory``; see ``trace.metrics.balanced_bubbles``), empty
     where this rank did not measure every stage. Over ranks, rank
@@ -63,6 +65,7 @@ class RunResult:
     parameters: dict[str, np.ndarray]
     held_memory: dict[str, int] = attrs.Factory(dict)
     handoff_share: float = 0.0
+    communication_share: float = 0.0
     trace_note: str = ""
     balanced: list[float] = attrs.Factory(list)
     passes: dict[str, float] = attrs.Factory(dict)
@@ -163,6 +166,7 @@ def train(
         held_memory=held_memory(plan, stats),
         parameters=parameters,
         handoff_share=summary.critical_path.shares.get(GAP, 0.0),
+        communication_share=summary.critical_path.communication_share,
     )
 
 
