@@ -124,7 +124,6 @@ class Transport:
         """What this thread reads: work to start (``submit``), and messages for the
         stream it serves (``serve``), in the order they came."""
         self._live: list[tuple[Any, Done | None, bool]] = []  # request, callback, data moving
-        self._moving = 0
         self._stream: Callable[[list[tuple]], None] = lambda messages: None
         self._closed = False
         self._failed = False
@@ -255,7 +254,6 @@ class Transport:
                             done = live[k][1]
                             if done is not None:
                                 done(None)
-                            self._moving -= live[k][2]
                 if busy:
                     self._stream(messages)
                 now = time.monotonic()
@@ -278,7 +276,8 @@ class Transport:
                             )
                             left.add(peer)
                 if self._live:
-                    most = MOVING_BACKOFF if self._moving else MAX_BACKOFF
+                    moving = any(x[2] for x in self._live)
+                    most = MOVING_BACKOFF if moving else MAX_BACKOFF
                     backoff = wait = MIN_BACKOFF if busy else min(2 * backoff, most)
                 else:  # nothing to poll: sleep until new work or the control messages' turn
                     backoff, wait = MIN_BACKOFF, next_control - now
@@ -299,7 +298,6 @@ class Transport:
             done(exc)
             return
         requests = started if isinstance(started, list) else [started]
-        self._moving += moving * len(requests)
         self._live.extend((request, done, moving) for request in requests)
 
     def _hear(self, listen: Any, notice: bytearray, status: Any, heard: dict, left: set, now: float) -> Any:
