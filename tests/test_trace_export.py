@@ -13,7 +13,7 @@ import pytest
 import actorflow as af
 from actorflow.config import parse_config
 from actorflow.runtime import Runtime
-from actorflow.trace import STEP, WAIT, Recorder, parse_iterations, summarize
+from actorflow.trace import STEP, WAIT, Recorder, Span, parse_iterations, summarize
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
@@ -371,6 +371,26 @@ def test_an_iteration_bigger_than_the_limit_goes_whole_and_spans_without_one_go_
     assert rec.spans == [] and rec.kept_from == 1
 
 
+def test_a_recorded_span_is_made_once_when_spans_are_first_read_and_obeys_the_filter_and_limit():
+    made = []
+
+    def make(name: str, start_ms: float, iteration: int) -> Span:
+        made.append(name)
+        args = {"iteration": iteration}
+        return Span("cpu:0", "cpu:0/compute", name, "compute", start_ms * MS, (start_ms + 1) * MS, args)
+
+    rec = Recorder(enabled=True, iterations={1, 2, 3}, limit=3)
+    for it in range(4):
+        rec.record(it, make, f"k{it}", 10.0 * it, it)
+    kernel(rec, "cpu:0", "compute", "eager", 35, 36, iteration=3)  # eager and recorded spans mix
+    assert made == [] and rec.kept_from == 2  # iteration 0 filtered out, 1 dropped unmade
+    assert [s.name for s in rec.spans] == ["k2", "k3", "eager"]
+    assert [s.name for s in rec.spans] == ["k2", "k3", "eager"] and made == ["k2", "k3"]  # made once
+    rec.record(3, make, "later", 40.0, 3)
+    assert [s.name for s in rec.kernels()] == ["k3", "eager", "later"] and made == ["k2", "k3", "later"]
+    check_structure(rec.to_chrome())
+
+
 def test_no_limit_and_a_bad_limit():
     rec = Recorder(enabled=True, limit=None)
     for it in range(300):
@@ -398,9 +418,9 @@ def test_the_trace_of_a_window_equals_the_full_trace_of_the_same_iterations():
     """What a bounded recorder measures is what a full trace measures over the same steps."""
 
     class Both(Recorder):
-        def add(self, *span) -> None:
-            full.add(*span)
-            super().add(*span)
+        def record(self, iteration, make, *args) -> None:
+            full.record(iteration, make, *args)
+            super().record(iteration, make, *args)
 
     full = Recorder(enabled=True, limit=None)
     plan = two_device_plan()

@@ -32,7 +32,7 @@ import trio
 from ..collector import cyclic_gc_paused
 from ..errors import FeedError, RankError, StallError
 from ..plan import Actor, Plan, transfer_peers
-from ..trace.recorder import TRACE_LIMIT, Recorder
+from ..trace.recorder import TRACE_LIMIT, Recorder, Span
 from .actor_state import ActorState
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
@@ -373,11 +373,13 @@ class Runtime:
         """A kernel ended, told by its stream's thread. ``iteration``: the unit's own act
         number; an actor acting once per step of m micro-batches (``every`` m) does act n
         for micro-batches n*m .. n*m + m - 1. ``taken``: the output buffers per member."""
+        actor = unit.members[0].actor
         if unit.fetch is not None:
-            every = unit.members[0].actor.every
-            self._results[_last_micro_batch(iteration, every) - self._base][unit.fetch] = result
+            self._results[_last_micro_batch(iteration, actor.every) - self._base][unit.fetch] = result
         if self.recorder.enabled:
-            self._record(unit, iteration, start, end, taken)
+            step = iteration // actor.calls * actor.every // self.plan.micro_batches
+            register = taken[0][0] if taken[0] else None
+            self.recorder.record(step, self._span, unit, iteration, start, end, register)
 
     def stream_finished(self) -> None:
         """A stream's thread completed its acts of this run; the last one wakes trio."""
@@ -393,9 +395,10 @@ class Runtime:
         """Launches and completions so far, for the stall watchdog."""
         return sum(d.acted for d in self._drivers)
 
-    def _record(self, unit: Unit, act: int, start: float, end: float, taken: list) -> None:
-        """A span for the kernel: step, micro-batch, buffer written, stage, rank, phase and
-        the producer acts it read, for flow arrows."""
+    def _span(self, unit: Unit, act: int, start: float, end: float, register: int | None) -> Span:
+        """A kernel's span: step, micro-batch, buffer written, stage, rank, phase and the
+        producer acts it read, for flow arrows (made when the trace is read, see
+        ``trace.recorder``)."""
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
@@ -411,8 +414,8 @@ class Runtime:
             args["call"] = call
         if m > 1 and every == 1:
             args["micro_batch"] = step % m
-        if taken[0]:
-            args["register"] = taken[0][0]
+        if register is not None:
+            args["register"] = register
         args["inputs"] = [
             [
                 spec.producer.unit.name,
@@ -424,7 +427,7 @@ class Runtime:
         ]
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
             args["inputs"].append([self._peers[actor.id].name, act])
-        self.recorder.add(stream.device, stream.name, unit.name, actor.kind, start, end, args)
+        return Span(stream.device, stream.name, unit.name, actor.kind, start, end, args)
 
     def _producer_act(self, actor: Actor, slot: int, spec: InputSpec, micro_batch: int) -> int:
         """The act of ``spec``'s producer that made what input ``slot`` of ``actor`` read at

@@ -38,6 +38,11 @@ pipelined steps do not overlap on their track) to its last kernel's end.
 Memory is bounded: a recorder holds at most ``limit`` spans, the latest whole iterations
 (a long run keeps its last steps); ``kept_from`` says from which iteration on, and the
 exported trace says so in ``otherData``.
+
+Recording is on the hot path (every kernel of a traced run), so a runtime ``record``s
+only what it knows at the kernel's end and a function that makes the Span from it; the
+recorder calls it the first time spans are read, so building a span's args costs the
+streams nothing while they run.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import attrs
@@ -111,7 +116,8 @@ class Recorder:
         self.limit = limit
         self.kept_from: int | None = None  # spans of iterations before it were dropped
         self.dropped = 0  # iterations whose spans were dropped
-        self._groups: dict[int, list[Span]] = {}  # per iteration (-1: none), oldest first by heap
+        self._groups: dict[int, list[Any]] = {}  # per iteration (-1: none): Spans, or (make, args)
+        self._described = True  # every group holds Spans only
         self._oldest: list[int] = []
         self._held = 0
         self._lock = threading.Lock()  # stream threads add their spans themselves
@@ -120,14 +126,25 @@ class Recorder:
     def add(
         self, process: str, thread: str, name: str, category: str, start: float, end: float, args: dict
     ) -> None:
+        """A span known whole now (a test's, a merged trace's)."""
         iteration = args.get("iteration")
         if iteration is not None and self.iterations is not None and iteration not in self.iterations:
             return
-        key = -1 if iteration is None else iteration
         span = Span(process, thread, name, category, start, end, args)
+        self._keep(-1 if iteration is None else iteration, span, described=True)
+
+    def record(self, iteration: int, make: Callable[..., Span], *args: Any) -> None:
+        """The span ``make(*args)`` returns, made when spans are first read (the module's
+        docstring); ``iteration``: its ``args["iteration"]``."""
+        if self.iterations is not None and iteration not in self.iterations:
+            return
+        self._keep(iteration, (make, args), described=False)
+
+    def _keep(self, key: int, span: Any, described: bool) -> None:
         with self._lock:
             if self.kept_from is not None and 0 <= key < self.kept_from:
                 return
+            self._described = self._described and described
             group = self._groups.get(key)
             if group is None:
                 group = self._groups[key] = []
@@ -147,7 +164,16 @@ class Recorder:
     @property
     def spans(self) -> list[Span]:
         """The spans held, in start order."""
-        return sorted((s for group in self._groups.values() for s in group), key=lambda s: (s.start, s.end))
+        return sorted((s for group in self._described_groups().values() for s in group), key=_start_end)
+
+    def _described_groups(self) -> dict[int, list[Span]]:
+        """The groups, each recorded span made, once."""
+        with self._lock:
+            if not self._described:
+                for group in self._groups.values():
+                    group[:] = [s if type(s) is Span else s[0](*s[1]) for s in group]
+                self._described = True
+            return self._groups
 
     def kernels(self) -> list[Span]:
         """The kernels' spans, without the waits."""
@@ -158,8 +184,9 @@ class Recorder:
         docstring): what ``to_chrome`` adds to the kernels' spans."""
         spans = []
         previous_end = float("-inf")
-        for iteration in sorted(k for k in self._groups if k >= 0):
-            kernels = [s for s in self._groups[iteration] if s.category != WAIT]
+        groups = self._described_groups()
+        for iteration in sorted(k for k in groups if k >= 0):
+            kernels = [s for s in groups[iteration] if s.category != WAIT]
             if not kernels:
                 continue
             end = max(s.end for s in kernels)
@@ -200,7 +227,7 @@ class Recorder:
 def chrome_trace(spans: Iterable[Span], keep_inputs: bool = False) -> dict[str, Any]:
     """Chrome trace JSON: named and ordered process and thread tracks, one complete event
     per span (µs from the first span), and flow events for cross-track inputs."""
-    spans = sorted(spans, key=lambda s: (s.start, s.end))
+    spans = sorted(spans, key=_start_end)
     origin = _origin(spans)
     pids, tids = _tracks(spans)
     events = _metadata(pids, tids)
@@ -232,6 +259,10 @@ def parse_iterations(text: str) -> frozenset[int]:
             raise ValueError(f"iterations are like '0,3,5-7' (ranges low-high, inclusive), not {text!r}")
         selected.update(range(int(m[1]), int(m[2] or m[1]) + 1))
     return frozenset(selected)
+
+
+def _start_end(span: Span) -> tuple[float, float]:
+    return span.start, span.end
 
 
 def _origin(spans: Iterable[Span]) -> float:
