@@ -139,9 +139,9 @@ class Actor:
 
     ``every``: micro-batches per act. 1 for most actors; with micro-batching (m > 1),
     m for the actors that act once per step (variables, updates, what sits between an
-    ``accumulate`` and an update). Where rates differ on an edge, a ``repeat`` actor
-    keeps its input for m acts and an ``accumulate`` actor publishes its output every
-    m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
+    ``accumulate`` and an update). Where rates differ on an edge, a once-per-micro-batch
+    consumer holds a once-per-step register for m acts, or an ``accumulate`` actor
+    publishes its output every m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
     autodiff (its activations' inputs are what pipeline schedules keep); ``weight_grad``:
     a backward actor that computes only weight gradients (the W of zero-bubble
     pipelines), which no other stage waits for; ``recompute``:

@@ -52,7 +52,7 @@ FEEDS = {"x": (np.arange(6, dtype=np.float32).reshape(2, 3) - 2)}
 
 def training_plan(ranks: int = 1) -> af.Plan:
     """Two pipeline stages, two micro-batches a step (GPipe), SGD with momentum: variables,
-    updates, control registers, repeat and accumulate actors, rates; over ``ranks``
+    updates, control registers, held parameters and accumulate actors, rates; over ``ranks``
     processes, sends and receives."""
     rng = np.random.default_rng(0)
     with af.Graph() as g:

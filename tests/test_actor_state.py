@@ -240,7 +240,7 @@ def test_lacking_ignores_acts_left():
     assert not s.can_act()
 
 
-# -- holds (a repeat's input) and periods (an accumulate's output) ---------------------------
+# -- holds (a parameter read per micro-batch) and periods (an accumulate's output) ----------
 
 
 def held(hold: int, quotas=(1,), consumers=(0,), acts=20) -> ActorState:

@@ -1,6 +1,7 @@
 """Micro-batching and pipeline schedules at the library level, on hand-built float64 graphs:
 a step of m micro-batches ends where one step on the whole batch ends, the plan gets its
-rates, repeat and accumulate actors and schedule quotas, and the runtime takes whole
+rates (per-micro-batch readers holding a parameter in place), accumulate actors and
+schedule quotas, and the runtime takes whole
 steps, returns one dict per micro-batch and never holds more than a quota."""
 
 import time
@@ -179,7 +180,7 @@ def producer(plan, register):
 
 
 @pytest.mark.parametrize("m", [2, 4])
-def test_rates_repeats_and_accumulates(m):
+def test_rates_holds_and_accumulates(m):
     plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m)
     per_step = [a for a in plan.actors if a.kind in ("variable", "update")]
     assert {a.every for a in per_step} == {m}
@@ -187,20 +188,19 @@ def test_rates_repeats_and_accumulates(m):
 
     variables = [a for a in plan.actors if a.kind == "variable"]
     updates = [a for a in plan.actors if a.kind == "update"]
-    repeats = [a for a in plan.actors if a.op == "repeat"]
     accumulates = [a for a in plan.actors if a.op == "accumulate"]
     assert len(variables) == len(updates) == 3
 
-    # one repeat per variable, on its device; every per-micro-batch read goes through it
-    assert sorted(producer(plan, a.inputs[0].register).name for a in repeats) == sorted(
-        v.name for v in variables
-    )
+    # per-micro-batch actors read each variable in place (the runtime holds it for m acts):
+    # nothing copies it per micro-batch
+    readers_of = {}
     for var in variables:
         (reg,) = var.outputs
-        readers = sorted(plan.actors[c.actor].op for c in plan.registers[reg].consumers)
-        assert readers == ["repeat", "sgd_update"], (var.name, readers)
-    for rep in repeats:
-        assert rep.device == producer(plan, rep.inputs[0].register).device
+        readers = [plan.actors[c.actor] for c in plan.registers[reg].consumers]
+        readers_of[reg] = {r.id for r in readers}
+        assert "sgd_update" in [r.op for r in readers] and any(r.every == 1 for r in readers), var.name
+        assert {r.every for r in readers if r.kind != "update"} == {1}, var.name
+        assert {r.op for r in readers} <= {"matmul", "bias_add", "sgd_update"}, var.name
 
     # one accumulate per updated parameter's gradient, averaging over the m micro-batches
     assert len(accumulates) == len(updates)
@@ -208,17 +208,23 @@ def test_rates_repeats_and_accumulates(m):
         assert acc.attrs == {"micro_batches": m} and acc.backward
         assert producer(plan, acc.inputs[0].register).every == 1
     for update in updates:
-        data_inputs = [
-            producer(plan, i.register) for i in update.inputs if not plan.registers[i.register].is_parameter
+        regs = [
+            plan.registers[i.register] for i in update.inputs if not plan.registers[i.register].is_parameter
         ]
+        data_inputs = [producer(plan, r.id) for r in regs if not r.control]
         assert [p.op for p in data_inputs if p.kind != "variable"] == ["accumulate"], update.name
+        # a reader of the parameter that no data path leads to the update (dX's matmul)
+        # tells it, once per step, that its last read is done
+        for r in regs:
+            if r.control:
+                assert producer(plan, r.id).every == 1 and r.producer in readers_of[update.inputs[0].register]
 
 
 def test_one_micro_batch_adds_nothing():
     plan = af.compile(two_stage_mlp(N, OPTIMIZERS["adam"]()), micro_batches=1)
     assert plan.micro_batches == 1
     assert {a.every for a in plan.actors} == {1}
-    assert not [a for a in plan.actors if a.op in ("repeat", "accumulate")]
+    assert not [a for a in plan.actors if a.op == "accumulate"]
 
 
 def stage_of(device, stages=STAGES):
@@ -433,7 +439,7 @@ def test_no_buffer_is_written_while_still_read(schedule):
         name: r.quota for name, r in regs.items()
     }
     kinds = {a.op for a in plan.actors}
-    assert {"repeat", "accumulate"} <= kinds
+    assert "accumulate" in kinds
     assert check_quotas_in_trace(plan, spans) > 0
 
 
@@ -500,11 +506,11 @@ def test_two_stages_of_two_replicas_equal_one_device(optimizer, schedule, fusion
         schedule=schedule,
         fusion=fusion,
     )
-    # every replica has its own variables, updates, repeats and accumulates
+    # every replica has its own variables, updates and accumulates
     kinds = {}
     for a in plan.actors:
-        kinds.setdefault(a.op if a.op in ("repeat", "accumulate") else a.kind, set()).add(a.device)
-    for kind in ("variable", "update", "repeat", "accumulate"):
+        kinds.setdefault(a.op if a.op == "accumulate" else a.kind, set()).add(a.device)
+    for kind in ("variable", "update", "accumulate"):
         assert kinds[kind] == {f"cpu:{k}" for k in range(4)}, kind
     # the gradients' all-reduces run once per step, on accumulated gradients
     collectives = [a for a in plan.actors if a.kind == "collective"]

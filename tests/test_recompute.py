@@ -18,8 +18,7 @@ from actorflow.training.data import step_feeds, synthetic_classification
 from actorflow.training.runner import kept_bytes_per_stage
 
 # A micro-batch's activations (16 rows x 64) outweigh the first layer's weights (8 x 64):
-# with micro-batches the clones read those through a repeat, kept for backward like any
-# register the backward pass reads (the other layers' weights are kept anyway, for dX).
+# with micro-batches the clones read those in place, as every reader of a parameter does.
 YAML = """\
 model: {kind: mlp, sizes: [8, 64, 64, 4], activation: tanh, dtype: float64}
 data: {kind: synthetic_classification, samples: 128, seed: 3}
@@ -105,8 +104,7 @@ def test_recompute_keeps_fewer_bytes_and_adds_the_forward_kernels(name):
 def test_gpipe_plans_less_memory_with_recompute():
     """Under GPipe each kept register has m buffers; recomputed ones have one each. On
     the last stage, that is: the first stage's output crosses to the next stage, which
-    GPipe gives m buffers anyway, and its clones read the first layer's weights through
-    a repeat that is now kept for backward, so the first stage plans more."""
+    GPipe gives m buffers anyway."""
     overrides = ["parallel.schedule=gpipe", "parallel.micro_batches=8"]
     plain_plan = compile_config(parse_config(YAML, overrides))
     plan = compile_config(parse_config(YAML, [*overrides, "parallel.recompute=true"]))

@@ -498,9 +498,7 @@ def forwards_before_backward(schedule: str) -> list[int]:
                 {
                     sp.args["micro_batch"]
                     for sp in mine
-                    if sp.args["phase"] == "forward"
-                    and sp.args["op"] != "repeat"
-                    and sp.start < first_backward
+                    if sp.args["phase"] == "forward" and sp.start < first_backward
                 }
             )
         )

@@ -28,7 +28,7 @@ def check_quotas_in_trace(plan: af.Plan, spans) -> int:
     """No write over a buffer still being read: for every data edge, the producer's write of
     its (n + quota)-th publication of the register starts only after the consumer's last
     read of its n-th publication ended. A publication spans ``period`` producer acts (an
-    accumulate's) and serves ``hold`` consumer acts (a repeat's). Returns the pairs checked."""
+    accumulate's) and serves ``hold`` consumer acts (a parameter's readers'). Returns the pairs checked."""
     index = index_acts(spans)
     checked = 0
     for reg, p, c, consumer, _ in data_edges(plan):

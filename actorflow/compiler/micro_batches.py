@@ -3,17 +3,18 @@ backward pass act once per micro-batch; variables and updates act once per step,
 do the collectives whose consumers all act once per step (a gradient's all-reduce runs
 on the accumulated gradient, once), and whatever reads only once-per-step values.
 
-Where a once-per-step register feeds once-per-micro-batch consumers, a ``repeat`` actor
-hands it to each micro-batch of the step (it keeps the register for m acts and copies it
-out at each). Where a once-per-micro-batch register feeds once-per-step consumers, an
-``accumulate`` actor sums it over the step's micro-batches, divided by m, and publishes
-it once. Rates are recorded as ``Actor.every``; the runtime derives the rest.
+Where a once-per-step register feeds once-per-micro-batch consumers (a parameter read by
+the forward and backward passes), each consumer reads it in place and holds it for its m
+acts of the step: no copy per micro-batch, no buffer per micro-batch in flight (OneFlow
+passes pointers within a machine), and an update waits for the last of them (``updates``).
+Where a once-per-micro-batch register feeds once-per-step consumers, an ``accumulate``
+actor sums it over the step's micro-batches, divided by m, and publishes it once. Rates
+are recorded as ``Actor.every``; the runtime derives the holds and periods from them.
 """
 
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..ops.kernels import copy
 from ..ops.micro_batch import accumulate
 from ..plan import Actor, Consumer, Input, Plan, Register
 from ..records import evolve
@@ -31,24 +32,24 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
     for reg in plan.registers:
         if reg.is_parameter:
             continue
-        producer_per_step = reg.producer in per_step
-        crossing = [c for c in reg.consumers if (c.actor in per_step) != producer_per_step]
+        if reg.producer in per_step:
+            continue  # read in place, held for the step's m acts
+        crossing = [c for c in reg.consumers if c.actor in per_step]
         if not crossing:
             continue
-        op = "repeat" if producer_per_step else "accumulate"
         bridge = Actor(
             id=len(actors),
-            name=f"{reg.name}.{op}",
+            name=f"{reg.name}.accumulate",
             kind="compute",
-            op=op,
-            kernel=copy if producer_per_step else accumulate,
-            attrs={} if producer_per_step else {"micro_batches": micro_batches},
+            op="accumulate",
+            kernel=accumulate,
+            attrs={"micro_batches": micro_batches},
             device=reg.device,
             inputs=(Input(reg.id),),
             outputs=(len(registers),),
             where=actors[reg.producer].where,
-            backward=not producer_per_step,
-            weight_grad=not producer_per_step and actors[reg.producer].weight_grad,
+            backward=True,
+            weight_grad=actors[reg.producer].weight_grad,
         )
         actors.append(bridge)
         registers.append(

@@ -66,7 +66,7 @@ def schedule_quotas(
 
 
 def kept_for_backward(plan: Plan) -> list:
-    """Registers made by the forward pass (or fed, or repeated) and read by the backward pass."""
+    """Registers made by the forward pass (or fed) and read by the backward pass."""
     return _held_across(plan, lambda a: a.backward or a.kind == "variable", lambda a: a.backward)
 
 

@@ -700,7 +700,7 @@ def _protocol_slots(plan: Plan, actor: Actor) -> dict[int, int]:
 
 
 def _hold(plan: Plan, actor, i) -> int:
-    """How many of ``actor``'s acts one register of input ``i`` serves (a repeat's > 1)."""
+    """How many of ``actor``'s acts one register of input ``i`` serves (a once-per-step register's m)."""
     producer = plan.actors[plan.registers[i.register].producer]
     return max(1, producer.every // actor.every)
 
