@@ -40,6 +40,7 @@ class ActorState:
         "current_out",
         "calls",
         "call_consumers",
+        "_outputs",
     )
 
     def __init__(
@@ -68,6 +69,7 @@ class ActorState:
         )
         self.current_in: list[int | None] = [None] * n_inputs
         self.current_out = [0] * len(quotas)
+        self._outputs = list(zip(self.free, self.pending, self.consumers, self.quotas, range(len(quotas))))
 
     def can_act(self) -> bool:
         if self.acts_left <= 0:
@@ -91,12 +93,22 @@ class ActorState:
         the same stream.
         """
         iteration = self.iteration
-        self.iteration += 1
+        self.iteration = iteration + 1
         self.acts_left -= 1
+        if self.uniform:  # the common case, on every act: one input each, every output handed on
+            outs = []
+            for pool, pending, consumers, quota, k in self._outputs:
+                index = pool.popleft()
+                if quota - len(pool) > self.max_held[k]:
+                    self.max_held[k] = quota - len(pool)
+                if consumers:
+                    pending[index] = consumers
+                else:
+                    pool.append(index)
+                outs.append(index)
+            return iteration, [q.popleft() for q in self.ready], outs
         ins: list[int | None]
-        if self.uniform:
-            ins = [q.popleft() for q in self.ready]
-        elif self.calls > 1:
+        if self.calls > 1:
             call = iteration % self.calls
             ins = [q.popleft() if k == call else None for k, q in enumerate(self.ready)]
         else:

@@ -103,10 +103,14 @@ class Unit:
         "fences",
         "can_act",
         "queued",
+        "entry",
     )
 
     driver: Driver
     """Set by the Driver of the unit's stream."""
+    entry: tuple[int, int, Unit]
+    """Its place in that driver's queue of units to try: (priority, id, unit), set with
+    ``driver`` once the priority is final."""
 
     def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel) -> None:
         self.id = id
@@ -184,6 +188,7 @@ class Driver:
         self._heap: list[tuple[int, int, Unit]] = []
         for unit in units:
             unit.driver = self
+            unit.entry = (unit.priority, unit.id, unit)
         self.inbox: queue.SimpleQueue
         self._own_thread = transport is None
         if transport is None:
@@ -238,7 +243,7 @@ class Driver:
     def _dirty(self, unit: Unit) -> None:
         if not unit.queued:
             unit.queued = True
-            heapq.heappush(self._heap, (unit.priority, unit.id, unit))
+            heapq.heappush(self._heap, unit.entry)
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]
@@ -299,9 +304,8 @@ class Driver:
             taken.append(buffers)
             every_act = state.uniform  # else only some acts release an input
             for spec in m.inputs:
-                param = spec.param
-                if param is not None:
-                    ins.append(param)
+                if spec.param is not None:
+                    ins.append(spec.param)
                     continue
                 index = ready[spec.slot]
                 if index is None:  # another call's input (a reused subgraph)
@@ -318,10 +322,12 @@ class Driver:
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         self.acted += 1
-        fence = self._hold(unit) if unit.fences else None
-        self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
-        if fence is not None:
+        if unit.fences:
+            fence = self._hold(unit)
+            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
             fence.release()
+        else:
+            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
 
     def _hold(self, unit: Unit) -> Fence:
         """Park the streams ``unit`` holds (overlap off) before its kernel runs."""
@@ -331,31 +337,23 @@ class Driver:
         fence.hold(lambda: self.closed)
         return fence
 
-    def _send_ready(self, consumer: Member, slot: int, index: int) -> None:
-        driver = consumer.unit.driver
-        if driver is self:
-            consumer.state.on_ready(slot, index)
-            self._dirty(consumer.unit)
-        else:
-            driver.post((READY, consumer, slot, index))
-
-    def _send_free(self, producer: Member, out: int, index: int) -> None:
-        driver = producer.unit.driver
-        if driver is self:
-            if producer.state.on_free(out, index):
-                self._dirty(producer.unit)
-        else:
-            driver.post((FREE, producer, out, index))
-
     def _complete(self, completion: Completion) -> None:
+        """A kernel ended: its inputs go back to their producers and its outputs to their
+        consumers, by a plain call on this stream and a message to another's."""
         (unit, iteration, frees, taken), result, start, end, ok = completion
         if not ok:
             self.closed = True
             self.runtime.fail_kernel_soon(result, unit, iteration)
             return
         self.acted += 1
+        heap = self._heap
         for producer, out, index in frees:
-            self._send_free(producer, out, index)
+            owner = producer.unit
+            if owner.driver is not self:
+                owner.driver.inbox.put((FREE, producer, out, index))
+            elif producer.state.on_free(out, index) and not owner.queued:
+                owner.queued = True
+                heapq.heappush(heap, owner.entry)
         for m, buffers in zip(unit.members, taken):
             state = m.state
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
@@ -365,7 +363,14 @@ class Driver:
                     output.consumers if output.by_call is None else output.by_call[iteration % state.calls]
                 )
                 for consumer, slot in consumers:
-                    self._send_ready(consumer, slot, index)
+                    owner = consumer.unit
+                    if owner.driver is not self:
+                        owner.driver.inbox.put((READY, consumer, slot, index))
+                        continue
+                    consumer.state.on_ready(slot, index)
+                    if not owner.queued:
+                        owner.queued = True
+                        heapq.heappush(heap, owner.entry)
         if unit.fetch is not None or self._recording:
             self.runtime.completed(unit, iteration, result, start, end, taken)
         self.owed -= len(unit.members)
