@@ -1,6 +1,5 @@
 """The kernel of the ``accumulate`` actor the compiler puts where once-per-micro-batch
-values meet once-per-step actors (see ``compiler.micro_batches``; its ``repeat`` actor
-is a plain copy)."""
+values meet once-per-step actors (see ``compiler.micro_batches``)."""
 
 from __future__ import annotations
 
