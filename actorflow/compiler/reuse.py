@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 
 from ..errors import CompileError
 from ..plan import Collective, Consumer, Input, Plan
 from ..records import evolve
-from .topology import Contracted, data_edges, reach_bits, unit_of
+from .topology import Contracted, data_edges, reach_bits, renumber, unit_of
 
 ENV = "ACTORFLOW_COMM_REUSE"
 DEFAULT_LIMIT = 1000
@@ -233,58 +232,9 @@ def _rewrite(plan: Plan, subgraphs: list[list[Collective]]) -> Plan:
     collectives = [
         evolve(c, name=renamed.get(c.id, c.name)) for c in plan.collectives if c.id not in dead_collectives
     ]
-    return _renumber(
+    return renumber(
         evolve(plan, actors=tuple(actors), registers=tuple(registers)),
         collectives,
         dead_actors,
         dead_registers,
     )
-
-
-def _renumber(
-    plan: Plan, collectives: list[Collective], dead_actors: set[int], dead_registers: set[int]
-) -> Plan:
-    actor_id = _compact(len(plan.actors), dead_actors)
-    register_id = _compact(len(plan.registers), dead_registers)
-    group_of = {c.id: k for k, c in enumerate(collectives)}
-    actors = tuple(
-        evolve(
-            a,
-            id=actor_id[a.id],
-            inputs=tuple(Input(register_id[i.register], i.sync) for i in a.inputs),
-            outputs=tuple(register_id[o] for o in a.outputs),
-            group=group_of.get(a.group, -1),
-        )
-        for a in plan.actors
-        if a.id not in dead_actors
-    )
-    registers = tuple(
-        evolve(
-            r,
-            id=register_id[r.id],
-            producer=actor_id.get(r.producer, r.producer),
-            consumers=tuple(Consumer(actor_id[c.actor], c.slot, c.call) for c in r.consumers),
-        )
-        for r in plan.registers
-        if r.id not in dead_registers
-    )
-    return evolve(
-        plan,
-        actors=actors,
-        registers=registers,
-        collectives=tuple(
-            evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors)) for k, c in enumerate(collectives)
-        ),
-        feeds=tuple(evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
-        outputs=tuple(evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),
-        parameters=tuple(evolve(p, register=register_id[p.register]) for p in plan.parameters),
-    )
-
-
-def _compact(n: int, dead: set[int]) -> Mapping[int, int]:
-    """Old id -> new id, for the ids below ``n`` that are not ``dead``."""
-    new: dict[int, int] = {}
-    for old in range(n):
-        if old not in dead:
-            new[old] = len(new)
-    return new

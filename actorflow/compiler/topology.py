@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Mapping, Sequence
 
 from ..dag import Edges, topological_order
-from ..plan import Actor, Consumer, Plan, Register
+from ..plan import Actor, Collective, Consumer, Input, Plan, Register
 from ..plan_check import data_edges
 from ..plan_check import unit_of as unit_of  # the passes take both from here
 from ..records import evolve
@@ -172,3 +172,55 @@ class Independent:
     def add(self, u: int) -> None:
         self.inside |= self.bit[u]
         self.below |= self.reach[u]
+
+
+def renumber(
+    plan: Plan, collectives: Sequence[Collective], dead_actors: set[int], dead_registers: set[int]
+) -> Plan:
+    """``plan`` without the dead actors and registers, with ``collectives`` (some of
+    its own, in order), every id renumbered to stay equal to its index and every
+    reference to one rewritten."""
+    actor_id = compact(len(plan.actors), dead_actors)
+    register_id = compact(len(plan.registers), dead_registers)
+    group_of = {c.id: k for k, c in enumerate(collectives)}
+    actors = tuple(
+        evolve(
+            a,
+            id=actor_id[a.id],
+            inputs=tuple(Input(register_id[i.register], i.sync) for i in a.inputs),
+            outputs=tuple(register_id[o] for o in a.outputs),
+            group=group_of.get(a.group, -1),
+        )
+        for a in plan.actors
+        if a.id not in dead_actors
+    )
+    registers = tuple(
+        evolve(
+            r,
+            id=register_id[r.id],
+            producer=actor_id.get(r.producer, r.producer),
+            consumers=tuple(Consumer(actor_id[c.actor], c.slot, c.call) for c in r.consumers),
+        )
+        for r in plan.registers
+        if r.id not in dead_registers
+    )
+    return evolve(
+        plan,
+        actors=actors,
+        registers=registers,
+        collectives=tuple(
+            evolve(c, id=k, actors=tuple(actor_id[a] for a in c.actors)) for k, c in enumerate(collectives)
+        ),
+        feeds=tuple(evolve(f, actor=actor_id[f.actor]) for f in plan.feeds),
+        outputs=tuple(evolve(o, actor=actor_id[o.actor]) for o in plan.outputs),
+        parameters=tuple(evolve(p, register=register_id[p.register]) for p in plan.parameters),
+    )
+
+
+def compact(n: int, dead: set[int]) -> Mapping[int, int]:
+    """Old id -> new id, for the ids below ``n`` that are not ``dead``."""
+    new: dict[int, int] = {}
+    for old in range(n):
+        if old not in dead:
+            new[old] = len(new)
+    return new
