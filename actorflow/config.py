@@ -141,6 +141,7 @@ class RuntimeConfig:
     quota: int = 2
     priority: bool = True
     fusion: bool = True
+    fuse_kernels: bool = True
     link_bandwidth: float | None = None
     link_latency: float = 0.0
     max_streams: int = DEFAULT_RESOURCES.max_streams

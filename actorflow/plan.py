@@ -15,7 +15,7 @@ import math
 import pickle
 import reprlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, get_args, get_origin
 
 import attrs
@@ -299,7 +299,7 @@ class Plan:
     @cyclic_gc_paused()
     def to_bytes(self) -> bytes:
         for actor in self.actors:
-            for fn in [actor.kernel, *(v for v in actor.attrs.values() if callable(v))]:
+            for fn in [actor.kernel, *_functions(actor.attrs)]:
                 try:
                     _function_entry(fn)
                 except PlanSerializationError as e:
@@ -411,6 +411,19 @@ def _unseal(data: bytes) -> bytes:
     if not isinstance(payload, bytes) or sealed["blake2b"] != _digest(payload):
         raise PlanSerializationError("the serialized Plan is corrupt: its digest does not match its contents")
     return payload
+
+
+def _functions(value: Any) -> Iterator[Callable]:
+    """The functions in an actor's attrs, also inside tuples, lists and dicts (a fused
+    chain's parts carry their members' kernels and attrs)."""
+    if callable(value):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _functions(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _functions(item)
 
 
 def _digest(payload: bytes) -> bytes:

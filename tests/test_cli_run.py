@@ -205,9 +205,12 @@ def test_compile_dot_is_graphviz_with_a_cluster_per_stream_and_an_edge_per_regis
 
 @pytest.mark.usefixtures("no_running")
 def test_compile_honours_set_overrides(capsys, tiny):
-    _, one, _ = run_cli(capsys, "compile", str(tiny), "--set", "parallel.micro_batches=1")
-    _, two, _ = run_cli(capsys, "compile", str(tiny))
+    unfused = ("--set", "runtime.fuse_kernels=false")
+    _, one, _ = run_cli(capsys, "compile", str(tiny), "--set", "parallel.micro_batches=1", *unfused)
+    _, two, _ = run_cli(capsys, "compile", str(tiny), *unfused)
+    _, fused, _ = run_cli(capsys, "compile", str(tiny))
     assert "accumulate" not in one and "accumulate" in two
+    assert "fused" in fused and "fused" not in two
 
 
 @pytest.mark.usefixtures("no_running")

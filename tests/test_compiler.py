@@ -188,7 +188,7 @@ def test_expand_feeds_fetches_and_consumers():
 
 
 def test_assign_streams_by_kind_and_device():
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     actors = by_name(plan)
     assert stream_name(plan, actors["mm"]) == "cpu:0/compute"
     assert stream_name(plan, actors["h"]) == "cpu:0/compute"
@@ -227,7 +227,7 @@ def test_assign_streams_only_for_used_streams():
 
 
 def test_same_stream_and_parameter_inputs_sync_by_stream_order():
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     for a in plan.actors:
         for i in a.inputs:
             r = plan.registers[i.register]
@@ -256,13 +256,13 @@ def test_events_only_across_streams():
 
 
 def test_stream_fed_by_one_other_stream_waits_on_events():
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     assert sync_of(plan, "mm", "x") == "event"  # cpu:0/compute is fed by cpu:0/copy only
     assert sync_of(plan, "z", "ar[cpu:1]") == "event"  # cpu:1/compute: by the collective stream only
 
 
 def test_stream_fed_by_several_streams_gets_inputs_at_completion():
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     # cpu:1/copy carries the copy from cpu:0/compute and the fetch from cpu:1/compute
     assert sync_of(plan, "cp", "h") == "completion"
     assert sync_of(plan, "y", "z") == "completion"
@@ -270,7 +270,7 @@ def test_stream_fed_by_several_streams_gets_inputs_at_completion():
 
 def test_the_ordered_collective_stream_waits_on_events_whatever_feeds_it():
     """Nothing queued behind a collective may run before it, so waiting costs nothing."""
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     # the collective stream is fed by cpu:0/compute and cpu:1/copy; cp is a copy of h, so
     # the collective's wait on cp covers h too
     assert sync_of(plan, "ar[cpu:1]", "cp") == "event"
@@ -390,10 +390,10 @@ def test_collective_order_is_consistent_with_a_longer_chain():
 
 
 def test_default_quota_applies_to_every_register_but_parameters():
-    plan = af.compile(two_device_graph())
+    plan = af.compile(two_device_graph(), fuse_kernels=False)
     for r in plan.registers:
         assert r.quota == (1 if r.is_parameter else 2)
-    plan = af.compile(two_device_graph(), quota=3)
+    plan = af.compile(two_device_graph(), quota=3, fuse_kernels=False)
     assert {r.quota for r in plan.registers if not r.is_parameter} == {3}
     assert reg(plan, "w").quota == 1
 
@@ -438,7 +438,7 @@ def test_override_of_an_unknown_tensor_is_a_compile_error(name):
 
 
 def test_memory_per_device_is_registers_times_quota_plus_parameters():
-    plan = af.compile(two_device_graph(), quota=3, quotas={"cp": 1})
+    plan = af.compile(two_device_graph(), quota=3, quotas={"cp": 1}, fuse_kernels=False)
     f32 = 4
     # cpu:0: x (4x8) x3, mm (4x3) x3, h (4x3) x3, ar:0 (4x3) x3, w (8x3) once
     cpu0 = 32 * f32 * 3 + 12 * f32 * 3 * 3 + 24 * f32
@@ -491,7 +491,7 @@ def waits_on_collective(plan: af.Plan, actor) -> bool:
 
 
 def test_consumer_of_a_collective_goes_after_independent_compute():
-    plan = af.compile(priority_graph())
+    plan = af.compile(priority_graph(), fuse_kernels=False)
     actors = by_name(plan)
     late = actors["after_ar"]
     for name in ("r1", "r2", "indep", "sum"):

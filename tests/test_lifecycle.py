@@ -106,7 +106,7 @@ def test_a_small_move_does_not_wait_behind_a_long_kernel():
         y = af.ops.call(userfns.identity, x, shape=(2,), dtype="float64", name="short")
         z = af.ops.call(userfns.slow, y, shape=(2,), dtype="float64", name="long")
         af.output("z", z)
-    plan = af.compile(g, quota=1)
+    plan = af.compile(g, quota=1, fuse_kernels=False)
     with af.Session(plan, trace=True) as s:
         s.run([{"x": np.zeros(2)}] * 2)
         s.recorder.spans.clear()

@@ -181,7 +181,9 @@ def producer(plan, register):
 
 @pytest.mark.parametrize("m", [2, 4])
 def test_rates_holds_and_accumulates(m):
-    plan = af.compile(two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m)
+    plan = af.compile(
+        two_stage_mlp(N // m, OPTIMIZERS["sgd-momentum"]()), micro_batches=m, fuse_kernels=False
+    )
     per_step = [a for a in plan.actors if a.kind in ("variable", "update")]
     assert {a.every for a in per_step} == {m}
     assert {a.every for a in plan.actors if a.kind not in ("variable", "update")} == {1}
@@ -266,7 +268,9 @@ def test_kept_for_backward_registers_get_the_schedule_quota(m, schedule):
         if not plan.registers[i].is_parameter and not plan.registers[i].control
     ]
     variables = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
-    assert {r.quota for r in data if r.id not in variables} == {3}
+    assert {r.quota for r in data if r.id not in variables and r.consumers} == {3}
+    # what only the next part of a fused chain reads (a gradient its accumulate sums) needs one
+    assert {r.quota for r in data if not r.consumers} == ({1} if m > 1 else set())
 
 
 @pytest.mark.parametrize("priority", [True, False])
@@ -438,8 +442,7 @@ def test_no_buffer_is_written_while_still_read(schedule):
     assert {name: stat["quota"] for name, stat in stats.items()} == {
         name: r.quota for name, r in regs.items()
     }
-    kinds = {a.op for a in plan.actors}
-    assert "accumulate" in kinds
+    assert any(a.op.endswith("accumulate") for a in plan.actors)  # fused into its gradient's act
     assert check_quotas_in_trace(plan, spans) > 0
 
 
@@ -505,6 +508,7 @@ def test_two_stages_of_two_replicas_equal_one_device(optimizer, schedule, fusion
         stages=stages,
         schedule=schedule,
         fusion=fusion,
+        fuse_kernels=False,
     )
     # every replica has its own variables, updates and accumulates
     kinds = {}

@@ -37,7 +37,7 @@ def build_graph(fn=userfns.double):
 
 @pytest.fixture
 def plan():
-    return af.compile(build_graph(), quota=2, quotas={"h": 3})
+    return af.compile(build_graph(), quota=2, quotas={"h": 3}, fuse_kernels=False)
 
 
 def feeds(k: int = 0) -> dict:
@@ -112,7 +112,7 @@ def test_a_local_function_travels_by_value_and_runs_the_same():
     def local_triple(a):
         return a * 3
 
-    plan = af.compile(build_graph(fn=local_triple))
+    plan = af.compile(build_graph(fn=local_triple), fuse_kernels=False)
     back = af.Plan.from_bytes(plan.to_bytes())
     (user,) = [a for a in back.actors if a.name == "user"]
     assert user.attrs["fn"] is not local_triple
@@ -145,7 +145,7 @@ def test_a_function_that_cannot_travel_is_an_error_naming_the_actor():
         with lock:
             return a * 2
 
-    plan = af.compile(build_graph(fn=locked))
+    plan = af.compile(build_graph(fn=locked), fuse_kernels=False)
     with pytest.raises(af.PlanSerializationError, match="'user'") as info:
         plan.to_bytes()
     assert "locked" in str(info.value)
@@ -430,7 +430,7 @@ def test_summary_lists_collectives_in_plan_order():
         a = af.ops.all_reduce([x0, x1], name="first")
         b = af.ops.all_reduce([af.ops.exp(a[0]), af.ops.exp(a[1])], name="second")
         af.output("y", b[0])
-    text = af.compile(g).summary()
+    text = af.compile(g, fuse_kernels=False).summary()
     assert text.index("0. first") < text.index("1. second")
 
 

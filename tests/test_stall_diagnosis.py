@@ -44,7 +44,7 @@ def starved_plan(with_fast_consumer: bool = False) -> af.Plan:
             af.output("f", af.ops.relu(h, name="fast"))
         c = af.ops.to_device(h, "cpu:1", name="cp")
         af.output("y", af.ops.call(hang, c, shape=(2, 3), name="sloth"))
-    return af.compile(g, quota=2)
+    return af.compile(g, quota=2, fuse_kernels=False)
 
 
 async def stall_message(plan: af.Plan, feeds) -> str:

@@ -13,6 +13,7 @@ from ..ops.registry import lookup
 from ..parallel.program import undecided
 from ..plan import DEFAULT_RESOURCES, Plan
 from ..records import evolve
+from .chains import fuse_chains
 from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
@@ -43,6 +44,7 @@ def compile(
     link_bandwidth: float | None = None,
     link_latency: float = 0.0,
     fusion: bool = True,
+    fuse_kernels: bool = True,
     bucket_first: int = 1 << 20,
     bucket_cap: int = 25 << 20,
     overlap: bool = True,
@@ -66,7 +68,10 @@ def compile(
     order into one fused all-reduce per bucket, with one flat register per bucket and
     device (False: off); bucket_first and bucket_cap (bytes of one device's tensors): the
     first bucket closes once it holds bucket_first, and no bucket grows past bucket_cap
-    (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB; overlap:
+    (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB;
+    fuse_kernels: a compute actor whose only data input is another's output on its
+    device, in the same pass, runs inside that producer's act, one kernel after the
+    other (see ``chains``; False: every op its own actor); overlap:
     False makes collectives act as if they shared their devices' compute streams (the
     schedule with no overlap, for comparison).
 
@@ -106,6 +111,9 @@ def compile(
     plan, gathered = shard_optimizer(plan, graph.optimizer_shards)
     overrides = dict.fromkeys(gathered, 1) | overrides
     plan = order_updates(plan)
+    if fuse_kernels:
+        plan, internal = fuse_chains(plan)
+        overrides = dict.fromkeys(internal, 1) | overrides
     if fusion:
         plan = fuse_collectives(plan, bucket_first, bucket_cap)
     plan = split_ranks(plan, *place_ranks(plan_devices(plan), ranks))

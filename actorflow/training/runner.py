@@ -79,6 +79,7 @@ def compile_config(config: Config, ranks: int | None = None) -> Plan:
         quota=runtime.quota,
         priority=runtime.priority,
         fusion=runtime.fusion,
+        fuse_kernels=runtime.fuse_kernels,
         link_bandwidth=runtime.link_bandwidth,
         link_latency=runtime.link_latency,
         max_streams=runtime.max_streams,

@@ -1,0 +1,122 @@
+"""fuse chains: a compute actor whose only data input is another compute actor's output,
+on the same device and at the same rate, runs inside that producer's act, as the next
+part of one kernel (``ops.chain``).
+
+Why: every hand-off between two actors is host work (a credit taken, a register readied,
+a trip through the driver's queue), tens of µs on these machines against kernels of the
+same size; OneFlow's first habit on GPUs is the same, many element-wise kernels become
+one. A fused chain acts once where its members acted once each: a gradient and its
+``accumulate``, a bias's sum and its ``accumulate``, a chain of ``call``s.
+
+What is safe to fuse: the consumer waits for nothing but its producer (its other inputs
+are parameters), so running them as one act adds no wait and no cycle. Both are plain
+compute actors (no collective, no recompute copy) of the same pass (forward, backward,
+weight gradient), so pipeline schedules and phases see the fused actor as they saw each.
+A register that only the next part read stays as an output of the fused actor with no
+consumer: its credit comes back at once, so it needs one buffer (the names returned).
+"""
+
+from __future__ import annotations
+
+from ..ops.chain import chain
+from ..plan import Actor, Input, Plan
+from ..records import evolve
+from .topology import renumber, with_consumers
+
+
+def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
+    """-> (the plan with each chain one actor, the registers now internal to a chain)."""
+    following = _links(plan)
+    if not following:
+        return plan, set()
+    followers = set(following.values())
+    heads = [a.id for a in plan.actors if a.id in following and a.id not in followers]
+    actors = list(plan.actors)
+    producer = {r.id: r.producer for r in plan.registers}
+    dead: set[int] = set()
+    internal: set[str] = set()
+    for head in heads:
+        members = [plan.actors[head]]
+        while members[-1].id in following:
+            members.append(plan.actors[following[members[-1].id]])
+        actors[head] = _fused(plan, members)
+        for m in members[1:]:
+            dead.add(m.id)
+            link = next(i.register for i in m.inputs if not plan.registers[i.register].is_parameter)
+            if len(plan.registers[link].consumers) == 1:
+                internal.add(plan.registers[link].name)
+        for o in actors[head].outputs:
+            producer[o] = head
+    live = [a for a in actors if a.id not in dead]
+    registers = with_consumers(live, [evolve(r, producer=producer[r.id]) for r in plan.registers])
+    return renumber(
+        evolve(plan, actors=tuple(actors), registers=registers), plan.collectives, dead, set()
+    ), internal
+
+
+def _links(plan: Plan) -> dict[int, int]:
+    """Producer -> the consumer fused after it: per producer, the first consumer (by id)
+    whose only data input it makes, with both fusable alike."""
+    following: dict[int, int] = {}
+    for consumer in plan.actors:
+        reads = [i for i in consumer.inputs if not plan.registers[i.register].is_parameter]
+        if len(reads) != 1 or not _fusable(consumer):
+            continue
+        reg = plan.registers[reads[0].register]
+        producer = plan.actors[reg.producer]
+        if reg.control or not _fusable(producer) or producer.id in following:
+            continue
+        if _pass(producer) == _pass(consumer) and producer.device == consumer.device:
+            following[producer.id] = consumer.id
+    return following
+
+
+def _fusable(actor: Actor) -> bool:
+    return actor.kind == "compute" and actor.group < 0 and actor.calls == 1 and not actor.recompute
+
+
+def _pass(actor: Actor) -> tuple:
+    """What must agree for two actors to act as one: rate and pass."""
+    return (actor.every, actor.backward, actor.weight_grad)
+
+
+def _fused(plan: Plan, members: list[Actor]) -> Actor:
+    """One actor for ``members``, a chain in order: the head's inputs, then the
+    parameters the others read; every member's outputs; one part per member."""
+    head = members[0]
+    inputs: list[Input] = []
+    outputs = [o for m in members for o in m.outputs]
+    data_out = {o: k for k, o in enumerate(o for o in outputs if not plan.registers[o].control)}
+    parts = []
+    for m in members:
+        sources = []
+        for i in m.inputs:
+            reg = plan.registers[i.register]
+            if m is not head and not reg.is_parameter:  # the link: an earlier part's output
+                sources.append(~data_out[reg.id])
+                continue
+            if not reg.control:
+                sources.append(sum(not plan.registers[j.register].control for j in inputs))
+            inputs.append(Input(i.register) if m is not head else i)
+        targets = [data_out[o] for o in m.outputs if o in data_out]
+        parts.append((m.kernel, dict(m.attrs), tuple(sources), tuple(targets), _phased(plan, m)))
+    return evolve(
+        head,
+        name="+".join(m.name for m in members),
+        op="+".join(m.op for m in members),
+        kernel=chain,
+        attrs={"parts": tuple(parts)},
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
+    )
+
+
+def _phased(plan: Plan, actor: Actor) -> bool:
+    """Whether the runtime hands ``actor`` its act's phase: it publishes a data output
+    once per step to once-per-step consumers (an ``accumulate``)."""
+    return any(
+        plan.actors[c.actor].every > actor.every
+        for o in actor.outputs
+        if not plan.registers[o].control
+        for c in plan.registers[o].consumers
+    )

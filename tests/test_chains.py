@@ -1,0 +1,154 @@
+"""Chain fusion (``compiler.chains``): which actors fuse, and that a fused plan computes
+what the unfused one does, on the streams' own threads, within its quotas."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import actorflow as af
+import userfns
+from actorflow.config import parse_config
+from actorflow.training import compile_config
+from actorflow.training.data import step_feeds, synthetic_classification
+from actorflow.training.runner import local_feeds
+
+YAML = """\
+model: {kind: mlp, sizes: [8, 16, 16, 4], activation: relu, dtype: float64}
+data: {kind: synthetic_classification, samples: 64, seed: 3}
+train: {steps: 4, batch_size: 16, optimizer: {kind: sgd, lr: 0.2, momentum: 0.5}}
+parallel: {stages: [cpu:0, cpu:1], micro_batches: 4, schedule: 1f1b}
+"""
+
+
+def thread_tagged(a):
+    """Identity that records the thread it ran on, in call order."""
+    RAN.append(threading.current_thread().name)
+    return a + 1
+
+
+RAN: list[str] = []
+
+
+def call_chain(n: int, devices=("cpu:0",)) -> af.Graph:
+    with af.Graph() as g:
+        h = af.placeholder("x", (3,), "float64", devices[0])
+        for k in range(n):
+            device = devices[k * len(devices) // n]
+            if device != devices[0] and k and devices[(k - 1) * len(devices) // n] != device:
+                h = af.ops.to_device(h, device)
+            h = af.ops.call(thread_tagged, h, shape=(3,), dtype="float64", name=f"c{k}")
+        af.output("y", h)
+    return g
+
+
+def test_a_chain_of_calls_is_one_actor_whose_parts_run_in_order_on_its_stream_thread():
+    plan = af.compile(call_chain(4))
+    (fused,) = [a for a in plan.actors if a.kind == "compute"]
+    assert fused.name == "c0+c1+c2+c3" and fused.op == "call+call+call+call"
+    inner = [r for r in plan.registers if r.producer == fused.id and not r.consumers]
+    assert [r.name for r in inner] == ["c0", "c1", "c2"] and {r.quota for r in inner} == {1}
+    RAN.clear()
+    with af.Session(plan) as s:
+        outs = s.run([{"x": np.full(3, float(i))} for i in range(5)])
+        threads = s._runtime.threads()
+    np.testing.assert_array_equal([o["y"] for o in outs], [np.full(3, i + 4.0) for i in range(5)])
+    assert RAN == [threads[fused.name]] * 20 and threads[fused.name] == "cpu:0/compute"
+
+
+def test_devices_split_chains_and_unfused_plans_keep_one_actor_per_op():
+    plan = af.compile(call_chain(4, ("cpu:0", "cpu:1")))
+    assert sorted(a.name for a in plan.actors if a.kind == "compute") == ["c0+c1", "c2+c3"]
+    unfused = af.compile(call_chain(4, ("cpu:0", "cpu:1")), fuse_kernels=False)
+    assert sorted(a.name for a in unfused.actors if a.kind == "compute") == ["c0", "c1", "c2", "c3"]
+    feeds = [{"x": np.full(3, float(i))} for i in range(3)]
+    for got, want in zip(af.run(plan, feeds), af.run(unfused, feeds)):
+        np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_only_a_consumer_that_reads_nothing_else_fuses_and_a_producer_takes_one():
+    with af.Graph() as g:
+        x = af.placeholder("x", (3,), "float64", "cpu:0")
+        a = af.ops.relu(x, name="a")
+        b = af.ops.tanh(a, name="b")  # reads only a: fuses
+        c = af.ops.exp(a, name="c")  # reads only a too, but a takes one follower
+        d = af.ops.add(b, c, name="d")  # reads two actors' outputs: stays
+        af.output("y", d)
+    plan = af.compile(g)
+    names = sorted(a.name for a in plan.actors if a.kind == "compute")
+    assert names == ["a+b", "c", "d"]
+    (ab,) = [a for a in plan.actors if a.name == "a+b"]
+    assert {plan.registers[o].name: len(plan.registers[o].consumers) for o in ab.outputs} == {"a": 1, "b": 1}
+    x = np.array([-1.0, 0.5, 2.0])
+    np.testing.assert_allclose(
+        af.run(plan, {"x": x})["y"], np.tanh(np.maximum(x, 0)) + np.exp(np.maximum(x, 0))
+    )
+
+
+def test_a_user_quota_on_an_inner_register_wins():
+    plan = af.compile(call_chain(3), quotas={"c0": 3})
+    quotas = {r.name: r.quota for r in plan.registers}
+    assert quotas["c0"] == 3 and quotas["c1"] == 1 and quotas["c2"] == 2
+
+
+def test_a_failing_part_names_the_fused_actor():
+    with af.Graph() as g:
+        x = af.placeholder("x", (3,), "float64", "cpu:0")
+        h = af.ops.call(userfns.identity, x, shape=(3,), dtype="float64", name="ok")
+        af.output("y", af.ops.call(userfns.fail, h, shape=(3,), dtype="float64", name="boom"))
+    with pytest.raises(ZeroDivisionError) as info:
+        af.run(af.compile(g), {"x": np.ones(3)})
+    assert "actor 'ok+boom' (op call+call)" in "\n".join(info.value.__notes__)
+
+
+def test_a_fused_plan_travels_and_a_part_that_cannot_is_named():
+    plan = af.compile(call_chain(3))
+    back = af.Plan.from_bytes(plan.to_bytes())
+    assert back == plan
+    np.testing.assert_array_equal(af.run(back, {"x": np.zeros(3)})["y"], np.full(3, 3.0))
+    lock = threading.Lock()
+
+    def locked(a):
+        with lock:
+            return a
+
+    with af.Graph() as g:
+        x = af.placeholder("x", (3,), "float64", "cpu:0")
+        h = af.ops.call(userfns.identity, x, shape=(3,), dtype="float64", name="first")
+        af.output("y", af.ops.call(locked, h, shape=(3,), dtype="float64", name="second"))
+    with pytest.raises(af.PlanSerializationError, match="actor 'first\\+second'"):
+        af.compile(g).to_bytes()
+
+
+def train(schedule: str, fuse: bool):
+    config = parse_config(
+        YAML, [f"parallel.schedule={schedule}", f"runtime.fuse_kernels={str(fuse).lower()}"]
+    )
+    plan = compile_config(config)
+    data = synthetic_classification(config)
+    with af.Session(plan, trace=True, stall_timeout=20) as s:
+        losses = [
+            [float(o["loss"]) for o in s.run(step_feeds(config, data, step, local_feeds(plan, 0)))]
+            for step in range(config.train.steps)
+        ]
+        return plan, losses, s.parameters(), s.register_stats(), s.recorder.kernels()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "zb1"])
+def test_a_pipeline_trains_the_same_fused_with_fewer_acts_and_within_its_quotas(schedule):
+    plan, losses, params, stats, spans = train(schedule, fuse=True)
+    plain, want_losses, want_params, _, plain_spans = train(schedule, fuse=False)
+    assert losses == want_losses  # the same kernels on the same buffers: bitwise equal
+    for name, value in want_params.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    fused = Counter(a.op for a in plan.actors if "+" in a.op)
+    # each layer's bias and activation, and every gradient with its accumulate
+    assert fused["bias_add+relu"] == 2 and fused["matmul+accumulate"] == 3 and fused["sum_to+accumulate"] == 3
+    assert len(spans) < len(plain_spans)
+    assert all(s["max_held"] <= s["quota"] for s in stats.values())
+    # a fused gradient's inner register is read only in its act: one buffer
+    inner = [r for r in plan.registers if r.producer >= 0 and not r.consumers and not r.control]
+    assert inner and {stats[r.name]["quota"] for r in inner} == {1}
