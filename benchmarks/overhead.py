@@ -2,11 +2,13 @@
 
 (a) host overhead per act: a chain of no-op ``call`` actors on one device, many
     iterations, against a plain Python loop calling the same functions (goal, #11: at
-    most 15x the plain loop's per-call cost at quota 2);
+    most 15x the plain loop's per-call cost at quota 2); compiled unfused, one actor per
+    call, and beside it the same chain fused into one actor, as ``compile`` makes it;
 (d) host overhead per hop: one no-op actor on each of cpu:0, cpu:1 and cpu:2, one after
     the other; a hop is a hand-off from one device to the next (two per iteration),
     against a thread ping-pong round trip (``queue.SimpleQueue``), the machine's price of
-    two wake-ups (goal, #11: at most 0.75x; one wake-up, 0.5x, is the floor);
+    two wake-ups (goal, #11: at most 0.75x; one wake-up, 0.5x, is the floor), and beside
+    the bare pipeline: the same hand-offs between plain threads with no runtime at all;
 (b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
     against the same chain on cpu:0 alone;
 (c) registers in flight: the most buffers any register held at once, against its quota.
@@ -36,13 +38,15 @@ def noop(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def noop_chain(actors: int, quota: int) -> af.Plan:
+def noop_chain(actors: int, quota: int, fuse: bool = False) -> af.Plan:
+    """``actors`` no-op calls in a chain on cpu:0; unfused (the default here), each is an
+    actor of its own, which is what (a) measures."""
     with af.Graph() as g:
         h = af.placeholder("x", (1,), "float32", "cpu:0")
         for _ in range(actors):
             h = af.ops.call(noop, h, shape=(1,), dtype="float32")
         af.output("y", h)
-    return af.compile(g, quota=quota)
+    return af.compile(g, quota=quota, fuse_kernels=fuse)
 
 
 def device_chain(devices: int, quota: int) -> af.Plan:
@@ -53,7 +57,7 @@ def device_chain(devices: int, quota: int) -> af.Plan:
             h = af.ops.to_device(h, f"cpu:{d}") if d else h
             h = af.ops.call(noop, h, shape=(1,), dtype="float32")
         af.output("y", h)
-    return af.compile(g, quota=quota)
+    return af.compile(g, quota=quota, fuse_kernels=False)
 
 
 def ping_pong(rounds: int) -> float:
@@ -75,6 +79,42 @@ def ping_pong(rounds: int) -> float:
     there.put(None)
     thread.join()
     return elapsed / rounds * 1e6
+
+
+def bare_pipeline(devices: int, iterations: int, quota: int) -> float:
+    """µs per hop of the same chain's hand-offs with nothing else: one thread per device,
+    each with a ``SimpleQueue`` inbox, passing a "ready" on and a "free" back per hop,
+    ``quota`` credits per edge, batching what its inbox holds, no kernels, no actors.
+    The floor of any runtime that gives each device its own thread, on this machine."""
+    inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(devices)]
+    last = devices - 1
+
+    def stage(k: int) -> None:
+        credits, ready, left, inbox = quota, iterations if k == 0 else 0, iterations, inboxes[k]
+        while left:
+            news = [] if ready and (credits or k == last) else [inbox.get()]
+            while not inbox.empty():
+                news.append(inbox.get_nowait())
+            for item in news:
+                if item:
+                    ready += 1
+                else:
+                    credits += 1
+            while ready and (credits or k == last):
+                ready, left = ready - 1, left - 1
+                if k:
+                    inboxes[k - 1].put(False)  # the register read is free again
+                if k < last:
+                    credits -= 1
+                    inboxes[k + 1].put(True)  # the next device's input is ready
+
+    threads = [threading.Thread(target=stage, args=(k,)) for k in range(devices)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return (time.perf_counter() - start) / (iterations * last) * 1e6
 
 
 def matmul_chain(length: int, size: int, devices: int, quota: int, fetch: str = "all") -> af.Plan:
@@ -119,16 +159,29 @@ def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tup
     return statistics.median(ours), statistics.median(plain)
 
 
-def hop_overhead(devices: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
-    """(µs per hop in actorflow, µs per ping-pong round trip), medians, measured in turns."""
+def hop_overhead(devices: int, iterations: int, repeats: int, quota: int) -> tuple[float, float, float]:
+    """(µs per hop in actorflow, µs per ping-pong round trip, µs per hop of the bare
+    pipeline), medians, measured in turns."""
     plan = device_chain(devices, quota)
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     hops = (devices - 1) * iterations
-    ours, trips = [], []
+    ours, trips, bare = [], [], []
     for _ in range(repeats):
         ours.append(timed_run(plan, feeds)[0] / hops * 1e6)
         trips.append(ping_pong(iterations))
-    return statistics.median(ours), statistics.median(trips)
+        bare.append(bare_pipeline(devices, iterations, quota))
+    return statistics.median(ours), statistics.median(trips), statistics.median(bare)
+
+
+def fused_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
+    """(µs per no-op call with the chain fused into one actor, µs per act unfused), medians."""
+    plans = [noop_chain(actors, quota, fuse=True), noop_chain(actors, quota)]
+    feeds = [{"x": np.ones(1, np.float32)}] * iterations
+    runs: list[list[float]] = [[], []]
+    for _ in range(repeats):
+        for times, plan in zip(runs, plans):
+            times.append(timed_run(plan, feeds)[0] / (iterations * actors) * 1e6)
+    return statistics.median(runs[0]), statistics.median(runs[1])
 
 
 def two_devices(
@@ -186,6 +239,7 @@ def main() -> int:
     )
     overhead = {q: host_overhead(args.actors, args.iterations, args.repeats, q) for q in args.quotas}
     hops = {q: hop_overhead(args.devices, args.iterations, args.repeats, q) for q in args.quotas}
+    fused = fused_overhead(args.actors, args.iterations, args.repeats, args.quotas[0])
     cases = [(n, "all") for n in args.lengths] + [(args.lengths[-1], "row")]
     chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
     held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
@@ -199,6 +253,14 @@ def main() -> int:
         )
         for q, (us_act, us_plain) in overhead.items()
     ]
+    rows.append(
+        (
+            f"(a) the same chain fused into one actor (compile's default), quota {args.quotas[0]}",
+            f"{fused[0]:.1f} us/call",
+            f"{fused[1]:.1f} us/call (unfused)",
+            f"{fused[0] / fused[1]:.2f}x",
+        )
+    )
     rows += [
         (
             f"(d) host overhead, {args.devices}-device chain of no-op actors x {args.iterations} iterations, "
@@ -207,7 +269,16 @@ def main() -> int:
             f"{us_trip:.1f} us/round trip (ping-pong)",
             f"{us_hop / us_trip:.2f}x",
         )
-        for q, (us_hop, us_trip) in hops.items()
+        for q, (us_hop, us_trip, _) in hops.items()
+    ]
+    rows += [
+        (
+            f"(d) the bare pipeline: the same hand-offs, one thread per device, no runtime, quota {q}",
+            f"{us_bare:.1f} us/hop",
+            f"{us_trip:.1f} us/round trip (ping-pong)",
+            f"{us_bare / us_trip:.2f}x",
+        )
+        for q, (_, us_trip, us_bare) in hops.items()
     ]
     rows += [
         (
