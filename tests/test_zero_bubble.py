@@ -146,7 +146,7 @@ def deferrals(plan, spans):
     after micro-batch i's B began and before its W matmuls ended: W deferred, which
     1F1B's order (W before forward, the deeper first) does not do."""
     actor = {a.name: a for a in plan.actors}
-    matmuls = [s for s in spans if s.name in actor and actor[s.name].op.split("+")[0] == "matmul"]
+    matmuls = [s for s in spans if s.name in actor and "matmul" in actor[s.name].op.split("+")]
     count = 0
     for stream in {s.thread for s in matmuls}:
         mine = [

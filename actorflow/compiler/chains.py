@@ -9,7 +9,8 @@ one. A fused chain acts once where its members acted once each: a gradient and i
 ``accumulate``, a bias's sum and its ``accumulate``, a chain of ``call``s.
 
 What is safe to fuse: the consumer waits for nothing but its producer (its other inputs
-are parameters), so running them as one act adds no wait and no cycle. Both are plain
+are parameters, or variables, which wait on nothing and are there from the step's
+start), so running them as one act adds no wait and no cycle. Both are plain
 compute actors (no collective, no recompute copy) of the same pass (forward, backward,
 weight gradient), so pipeline schedules and phases see the fused actor as they saw each.
 A register that only the next part read stays as an output of the fused actor with no
@@ -42,7 +43,7 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
         actors[head] = _fused(plan, members)
         for m in members[1:]:
             dead.add(m.id)
-            link = next(i.register for i in m.inputs if not plan.registers[i.register].is_parameter)
+            link = next(i.register for i in m.inputs if not _constant(plan, i.register))
             if len(plan.registers[link].consumers) == 1:
                 internal.add(plan.registers[link].name)
         for o in actors[head].outputs:
@@ -56,10 +57,11 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
 
 def _links(plan: Plan) -> dict[int, int]:
     """Producer -> the consumer fused after it: per producer, the first consumer (by id)
-    whose only data input it makes, with both fusable alike."""
+    whose only data input it makes (besides parameters and variables), with both
+    fusable alike."""
     following: dict[int, int] = {}
     for consumer in plan.actors:
-        reads = [i for i in consumer.inputs if not plan.registers[i.register].is_parameter]
+        reads = [i for i in consumer.inputs if not _constant(plan, i.register)]
         if len(reads) != 1 or not _fusable(consumer):
             continue
         reg = plan.registers[reads[0].register]
@@ -69,6 +71,13 @@ def _links(plan: Plan) -> dict[int, int]:
         if _pass(producer) == _pass(consumer) and producer.device == consumer.device:
             following[producer.id] = consumer.id
     return following
+
+
+def _constant(plan: Plan, register: int) -> bool:
+    """A parameter, or a variable's register: there from the step's start, waiting on
+    nothing (a variable has no inputs), so a chain may read it at any of its parts."""
+    reg = plan.registers[register]
+    return reg.is_parameter or plan.actors[reg.producer].kind == "variable"
 
 
 def _fusable(actor: Actor) -> bool:
@@ -82,7 +91,8 @@ def _pass(actor: Actor) -> tuple:
 
 def _fused(plan: Plan, members: list[Actor]) -> Actor:
     """One actor for ``members``, a chain in order: the head's inputs, then the
-    parameters the others read; every member's outputs; one part per member."""
+    parameters and variables the others read; every member's outputs; one part per
+    member."""
     head = members[0]
     inputs: list[Input] = []
     outputs = [o for m in members for o in m.outputs]
@@ -92,7 +102,7 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
         sources = []
         for i in m.inputs:
             reg = plan.registers[i.register]
-            if m is not head and not reg.is_parameter:  # the link: an earlier part's output
+            if m is not head and not _constant(plan, reg.id):  # the link: an earlier part's output
                 sources.append(~data_out[reg.id])
                 continue
             if not reg.control:
