@@ -387,15 +387,19 @@ def check_order(plan: af.Plan, spans, n: int) -> Counter:
     return kinds
 
 
-HAND_OFFS = ("one thread", "two threads of a device", "two devices", "a collective")
+HAND_OFFS = ("inside a fused chain", "one thread", "two threads of a device", "two devices", "a collective")
 
 
 def hand_offs(plan: af.Plan, threads: dict[str, str]) -> Counter:
-    """Each data edge as the runtime hands it over (``HAND_OFFS``): a call on one thread
-    (same stream, or a small move run on its partner's thread), a message between two
-    stream threads of one device or of two devices, or into or out of a collective."""
+    """Each data edge as the runtime hands it over (``HAND_OFFS``): from one part of a
+    fused chain's kernel to the next, a call on one thread (same stream, or a small
+    move run on its partner's thread), a message between two stream threads of one
+    device or of two devices, or into or out of a collective."""
     device = {s.name: s.device for s in plan.streams}
     kinds: Counter = Counter()
+    for actor in plan.actors:
+        if "+" in actor.op:
+            kinds["inside a fused chain"] += len(actor.attrs["parts"]) - 1
     for reg, _, _, actor, _ in data_edges(plan):
         producer = plan.actors[reg.producer]
         sender, receiver = threads[producer.name], threads[actor.name]
@@ -427,8 +431,8 @@ def test_no_consumer_starts_before_its_producer_ended(data):
 
 
 def test_every_kind_of_hand_off_orders_and_delivers():
-    """One graph with every hand-off of ``HAND_OFFS``: a feed and a small copy run on
-    their partner's thread, a 2 MiB copy keeps cpu:1's copy stream (a message from
+    """One graph with every hand-off of ``HAND_OFFS``: a relu fused with the call that
+    reads it, a feed and a small copy run on their partner's thread, a 2 MiB copy keeps cpu:1's copy stream (a message from
     cpu:0's compute thread, then one to cpu:1's), an all-reduce's stream. Sleepy kernels
     shuffle the timing; every consumer starts after its producer ended and the results
     are numpy's."""
