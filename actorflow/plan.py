@@ -141,8 +141,9 @@ class Actor:
     m for the actors that act once per step (variables, updates, what sits between an
     ``accumulate`` and an update). Where rates differ on an edge, a once-per-micro-batch
     consumer holds a once-per-step register for m acts, or an ``accumulate`` actor
-    publishes its output every m acts; the runtime derives both from the actors' ``every``. ``backward``: added by
-    autodiff (its activations' inputs are what pipeline schedules keep); ``weight_grad``:
+    publishes its output every m acts; the runtime derives both from the actors'
+    ``every``. ``backward``: added by autodiff (its activations' inputs are what pipeline
+    schedules keep); ``weight_grad``:
     a backward actor that computes only weight gradients (the W of zero-bubble
     pipelines), which no other stage waits for; ``recompute``:
     a forward actor marked by ``af.recompute``, or the backward copy the compiler's
@@ -172,6 +173,20 @@ class Actor:
     """A participant of a reused communication subgraph acts ``calls`` times per
     iteration, once per call site in a fixed order: call k reads input k and writes the
     one shared output register, which only call k's consumers (``Consumer.call``) read."""
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        """The ops its act runs: its own, or a fused chain's members' in order (its op is
+        theirs joined by ``+``, see ``compiler.chains``)."""
+        return tuple(self.op.split("+"))
+
+    def kernels(self) -> list[tuple[Kernel, dict[str, Any]]]:
+        """(kernel, attrs) of each kernel its act runs: its own, or each part of a fused
+        chain (``attrs["parts"]``: per member ``(kernel, attrs, sources, targets, phased,
+        name, where)``, see ``ops.chain``)."""
+        if len(self.ops) == 1:
+            return [(self.kernel, self.attrs)]
+        return [(part[0], part[1]) for part in self.attrs["parts"]]
 
 
 @attrs.frozen

@@ -243,7 +243,7 @@ def _check_actors(plan: Plan) -> None:
     for a in plan.actors:  # once every actor's stream is known to exist
         for k, i in enumerate(a.inputs):
             _check_input(plan, a, k, i)
-        _check_attrs(a)
+        _check_attrs(plan, a)
 
 
 def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
@@ -282,17 +282,50 @@ def _refused_attrs(kernel: Callable, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _check_attrs(a: Actor) -> None:
-    """The kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would fail every act."""
-    names = tuple(sorted(a.attrs))
-    try:
-        refused = _refused_attrs(a.kernel, names)
-    except TypeError:  # an unhashable callable object
-        refused = _refused_attrs.__wrapped__(a.kernel, names)
-    if refused is not None:
-        raise CompileError(
-            f"actor {a.name!r}: kernel {_name(a.kernel)} does not take attributes {list(names)}: {refused}"
-        )
+def _check_parts(plan: Plan, a: Actor) -> None:
+    """A fused chain (an op of several, ``Actor.ops``) carries one part per op: its
+    kernel, attrs, sources and targets (within the actor's data inputs and outputs),
+    phase flag, name and where (``ops.chain``)."""
+    parts = a.attrs.get("parts")
+    if not isinstance(parts, tuple) or len(parts) != len(a.ops):
+        raise CompileError(f"actor {a.name!r} runs ops {list(a.ops)}, so its attrs need one part each")
+    data_in = sum(not plan.registers[i.register].control for i in a.inputs)
+    data_out = sum(not plan.registers[o].control for o in a.outputs)
+    for k, part in enumerate(parts):
+        if not (
+            isinstance(part, tuple)
+            and len(part) == 7
+            and callable(part[0])
+            and isinstance(part[1], dict)
+            and all(isinstance(p, tuple) and all(type(i) is int for i in p) for p in part[2:4])
+            and type(part[4]) is bool
+            and all(isinstance(text, str) for text in part[5:])
+        ):
+            raise CompileError(
+                f"actor {a.name!r}: part {k} of its chain is not (kernel, attrs, sources, ...)"
+            )
+        if not all(-data_out <= i < data_in for i in part[2]) or not all(0 <= i < data_out for i in part[3]):
+            raise CompileError(
+                f"actor {a.name!r}: part {k} of its chain reads {list(part[2])} or writes {list(part[3])}, "
+                f"past its {data_in} data inputs and {data_out} data outputs"
+            )
+
+
+def _check_attrs(plan: Plan, a: Actor) -> None:
+    """Each kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would
+    fail every act (a fused chain's kernel, and each of its parts')."""
+    if len(a.ops) > 1:
+        _check_parts(plan, a)
+    for kernel, attrs in [(a.kernel, a.attrs), *a.kernels()] if len(a.ops) > 1 else a.kernels():
+        names = tuple(sorted(attrs))
+        try:
+            refused = _refused_attrs(kernel, names)
+        except TypeError:  # an unhashable callable object
+            refused = _refused_attrs.__wrapped__(kernel, names)
+        if refused is not None:
+            raise CompileError(
+                f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {list(names)}: {refused}"
+            )
 
 
 def _name(fn: Callable) -> str:

@@ -21,7 +21,7 @@ def overview(plan: Plan) -> str:
         kinds: dict[str, int] = {}
         for a in plan.actors:
             if a.stream == stream.id:
-                kind = a.op if a.op == "accumulate" else "fused" if "+" in a.op else a.kind
+                kind = a.op if a.op == "accumulate" else "fused" if len(a.ops) > 1 else a.kind
                 kinds[kind] = kinds.get(kind, 0) + 1
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         lines.append(f"  {stream.name:<20} {counts}")

@@ -107,7 +107,7 @@ def write_trace(plan: af.Plan, feeds: dict, steps: int, path: str) -> None:
     """A separate traced run of ``steps`` steps, after two warm-up steps."""
     with af.Session(plan, trace=True) as s:
         s.run([feeds] * 2)
-        s.recorder.spans.clear()
+        s.recorder.clear()
         s.run([feeds] * steps)
         s.recorder.write(path)
 

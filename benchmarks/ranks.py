@@ -101,7 +101,7 @@ def actorflow_all_reduce(plan: af.Plan, feeds: dict, iterations: int) -> float |
     ``iterations`` pipelined iterations of a warm session."""
     with af.Session(plan, trace=True) as s:
         s.run([feeds] * 2)
-        s.recorder.spans.clear()
+        s.recorder.clear()
         s.run([feeds] * iterations)
         mine = {
             sp.args["iteration"]: (sp.start, sp.end) for sp in s.recorder.spans if sp.category == "collective"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import attrs
 import numpy as np
 import pytest
 
@@ -94,14 +95,53 @@ def test_a_user_quota_on_an_inner_register_wins():
     assert quotas["c0"] == 3 and quotas["c1"] == 1 and quotas["c2"] == 2
 
 
-def test_a_failing_part_names_the_fused_actor():
+def test_a_failing_part_names_the_fused_actor_and_its_own_line():
     with af.Graph() as g:
         x = af.placeholder("x", (3,), "float64", "cpu:0")
         h = af.ops.call(userfns.identity, x, shape=(3,), dtype="float64", name="ok")
         af.output("y", af.ops.call(userfns.fail, h, shape=(3,), dtype="float64", name="boom"))
+    plan = af.compile(g)
+    boom_line = af.compile(g, fuse_kernels=False).actors[2].where
     with pytest.raises(ZeroDivisionError) as info:
-        af.run(af.compile(g), {"x": np.ones(3)})
-    assert "actor 'ok+boom' (op call+call)" in "\n".join(info.value.__notes__)
+        af.run(plan, {"x": np.ones(3)})
+    notes = "\n".join(info.value.__notes__)
+    assert "actor 'ok+boom' (op call+call)" in notes
+    assert f"in part 'boom' of the fused chain, built at {boom_line}" in notes
+
+
+def test_a_part_that_would_fail_every_act_is_refused_at_load():
+    plan = af.compile(call_chain(2))
+    (fused,) = [a for a in plan.actors if len(a.ops) > 1]
+    kernel, attrs, *rest = fused.attrs["parts"][1]
+    parts = (fused.attrs["parts"][0], (kernel, {**attrs, "alpha": 1}, *rest))
+    bad = attrs_evolve(plan, fused, parts)
+    with pytest.raises(af.PlanSerializationError, match="does not take attributes \\['alpha', 'fn'\\]"):
+        af.Plan.from_bytes(bad.to_bytes())
+    beyond = (fused.attrs["parts"][0], (kernel, attrs, (5,), *rest[1:]))
+    with pytest.raises(af.PlanSerializationError, match="part 1 of its chain reads \\[5\\]"):
+        af.Plan.from_bytes(attrs_evolve(plan, fused, beyond).to_bytes())
+
+
+def attrs_evolve(plan: af.Plan, actor, parts) -> af.Plan:
+    actors = list(plan.actors)
+    actors[actor.id] = attrs.evolve(actor, attrs={"parts": parts})
+    return attrs.evolve(plan, actors=tuple(actors))
+
+
+def test_a_producer_also_read_off_its_stream_keeps_its_follower_apart():
+    """Fused, the other reader would wait for the follower's kernel too: a copy to cpu:1
+    of what a relu makes runs beside the tanh that reads it on cpu:0."""
+    with af.Graph() as g:
+        x = af.placeholder("x", (3,), "float64", "cpu:0")
+        a = af.ops.relu(x, name="a")
+        b = af.ops.tanh(a, name="b")
+        c = af.ops.exp(af.ops.to_device(a, "cpu:1"), name="c")
+        af.output("y", b)
+        af.output("z", c)
+    plan = af.compile(g)
+    assert sorted(a.name for a in plan.actors if a.kind == "compute") == ["a", "b", "c"]
+    out = af.run(plan, {"x": np.array([-1.0, 2.0, 3.0])})
+    np.testing.assert_allclose(out["z"], np.exp([0.0, 2.0, 3.0]))
 
 
 def test_a_fused_plan_travels_and_a_part_that_cannot_is_named():
@@ -148,7 +188,7 @@ def test_a_pipeline_trains_the_same_fused_with_fewer_acts_and_within_its_quotas(
     # every bias_add, relu and accumulate runs inside a chain: a layer's matmul, bias and
     # activation (and the next layer's, on the same stage), each gradient and its accumulate
     assert not {"bias_add", "relu", "accumulate"} & set(ops)
-    chains = " ".join(a.op for a in plan.actors if "+" in a.op)
+    chains = " ".join(a.op for a in plan.actors if len(a.ops) > 1)
     assert chains.count("bias_add+relu") == 2 and chains.count("accumulate") == 6
     assert len(spans) < len(plain_spans)
     assert all(s["max_held"] <= s["quota"] for s in stats.values())

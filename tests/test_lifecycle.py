@@ -109,7 +109,7 @@ def test_a_small_move_does_not_wait_behind_a_long_kernel():
     plan = af.compile(g, quota=1, fuse_kernels=False)
     with af.Session(plan, trace=True) as s:
         s.run([{"x": np.zeros(2)}] * 2)
-        s.recorder.spans.clear()
+        s.recorder.clear()
         s.run([{"x": np.zeros(2)}] * 2)
         spans = {(sp.args["actor"], sp.args["iteration"]): sp for sp in s.recorder.kernels()}
     # trace iterations count across the session: this run's are 2 and 3. The second feed

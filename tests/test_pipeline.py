@@ -107,7 +107,7 @@ def forward_matmuls(plan):
     counts: Counter = Counter()
     for a in plan.actors:
         if not a.backward:
-            counts[a.device] += a.op.split("+").count("matmul")  # a fused chain's too
+            counts[a.device] += a.ops.count("matmul")  # a fused chain's too
     return +counts
 
 

@@ -398,7 +398,7 @@ def hand_offs(plan: af.Plan, threads: dict[str, str]) -> Counter:
     device = {s.name: s.device for s in plan.streams}
     kinds: Counter = Counter()
     for actor in plan.actors:
-        if "+" in actor.op:
+        if len(actor.ops) > 1:
             kinds["inside a fused chain"] += len(actor.attrs["parts"]) - 1
     for reg, _, _, actor, _ in data_edges(plan):
         producer = plan.actors[reg.producer]

@@ -72,7 +72,7 @@ def test_autodiff_marks_the_weight_gradients_of_an_mlp():
     assert all(n.weight_grad for n in readers(dy0))
     assert not any(n.weight_grad for n in graph.nodes if not n.backward)
     plan = compile_config(config("zb1", 2, "model.sizes=[8, 16, 4]"))
-    ops = [a.op.split("+") for a in plan.actors if a.weight_grad]  # a fused chain's members
+    ops = [a.ops for a in plan.actors if a.weight_grad]  # a fused chain's members
     assert {op for chain in ops for op in chain} == {"matmul", "sum_to", "accumulate"}
     assert sum(chain[0] == "matmul" for chain in ops) == 2  # dead dx0 dropped
 
@@ -146,7 +146,7 @@ def deferrals(plan, spans):
     after micro-batch i's B began and before its W matmuls ended: W deferred, which
     1F1B's order (W before forward, the deeper first) does not do."""
     actor = {a.name: a for a in plan.actors}
-    matmuls = [s for s in spans if s.name in actor and "matmul" in actor[s.name].op.split("+")]
+    matmuls = [s for s in spans if s.name in actor and "matmul" in actor[s.name].ops]
     count = 0
     for stream in {s.thread for s in matmuls}:
         mine = [

@@ -10,7 +10,10 @@ one. A fused chain acts once where its members acted once each: a gradient and i
 
 What is safe to fuse: the consumer waits for nothing but its producer (its other inputs
 are parameters, or variables, which wait on nothing and are there from the step's
-start), so running them as one act adds no wait and no cycle. Both are plain
+start), so running them as one act adds no cycle. It adds one wait: whoever else reads
+the producer's output now gets it after the consumer's kernel too, so a producer fuses
+only where every other reader is on its own stream (which ran them in order anyway);
+one read on another device, a copy or a collective keeps it apart. Both are plain
 compute actors (no collective, no recompute copy) of the same pass (forward, backward,
 weight gradient), so pipeline schedules and phases see the fused actor as they saw each.
 A register that only the next part read stays as an output of the fused actor with no
@@ -69,8 +72,16 @@ def _links(plan: Plan) -> dict[int, int]:
         if reg.control or not _fusable(producer) or producer.id in following:
             continue
         if _pass(producer) == _pass(consumer) and producer.device == consumer.device:
-            following[producer.id] = consumer.id
+            if all(_on_stream_of(plan, producer, o, consumer) for o in producer.outputs):
+                following[producer.id] = consumer.id
     return following
+
+
+def _on_stream_of(plan: Plan, producer: Actor, register: int, consumer: Actor) -> bool:
+    """Whether every reader of ``register`` but ``consumer`` runs on ``producer``'s
+    compute stream, where fusing delays none of them past what stream order did."""
+    readers = (plan.actors[c.actor] for c in plan.registers[register].consumers if c.actor != consumer.id)
+    return all(r.device == producer.device and r.kind in ("compute", "variable", "update") for r in readers)
 
 
 def _constant(plan: Plan, register: int) -> bool:
@@ -95,6 +106,7 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
     member."""
     head = members[0]
     inputs: list[Input] = []
+    data_in = 0  # the data (not control) inputs so far: the kernel gets only those
     outputs = [o for m in members for o in m.outputs]
     data_out = {o: k for k, o in enumerate(o for o in outputs if not plan.registers[o].control)}
     parts = []
@@ -106,10 +118,12 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
                 sources.append(~data_out[reg.id])
                 continue
             if not reg.control:
-                sources.append(sum(not plan.registers[j.register].control for j in inputs))
+                sources.append(data_in)
+                data_in += 1
             inputs.append(Input(i.register) if m is not head else i)
         targets = [data_out[o] for o in m.outputs if o in data_out]
-        parts.append((m.kernel, dict(m.attrs), tuple(sources), tuple(targets), _phased(plan, m)))
+        phased = _phased(plan, m)
+        parts.append((m.kernel, dict(m.attrs), tuple(sources), tuple(targets), phased, m.name, m.where))
     return evolve(
         head,
         name="+".join(m.name for m in members),

@@ -180,8 +180,8 @@ def renumber(
     """``plan`` without the dead actors and registers, with ``collectives`` (some of
     its own, in order), every id renumbered to stay equal to its index and every
     reference to one rewritten."""
-    actor_id = compact(len(plan.actors), dead_actors)
-    register_id = compact(len(plan.registers), dead_registers)
+    actor_id = _compact(len(plan.actors), dead_actors)
+    register_id = _compact(len(plan.registers), dead_registers)
     group_of = {c.id: k for k, c in enumerate(collectives)}
     actors = tuple(
         evolve(
@@ -217,7 +217,7 @@ def renumber(
     )
 
 
-def compact(n: int, dead: set[int]) -> Mapping[int, int]:
+def _compact(n: int, dead: set[int]) -> Mapping[int, int]:
     """Old id -> new id, for the ids below ``n`` that are not ``dead``."""
     new: dict[int, int] = {}
     for old in range(n):

@@ -346,14 +346,12 @@ class Driver:
             self.runtime.fail_kernel_soon(result, unit, iteration)
             return
         self.acted += 1
-        heap = self._heap
         for producer, out, index in frees:
             owner = producer.unit
             if owner.driver is not self:
-                owner.driver.inbox.put((FREE, producer, out, index))
-            elif producer.state.on_free(out, index) and not owner.queued:
-                owner.queued = True
-                heapq.heappush(heap, owner.entry)
+                owner.driver.post((FREE, producer, out, index))
+            elif producer.state.on_free(out, index):
+                self._dirty(owner)
         for m, buffers in zip(unit.members, taken):
             state = m.state
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
@@ -365,12 +363,10 @@ class Driver:
                 for consumer, slot in consumers:
                     owner = consumer.unit
                     if owner.driver is not self:
-                        owner.driver.inbox.put((READY, consumer, slot, index))
-                        continue
-                    consumer.state.on_ready(slot, index)
-                    if not owner.queued:
-                        owner.queued = True
-                        heapq.heappush(heap, owner.entry)
+                        owner.driver.post((READY, consumer, slot, index))
+                    else:
+                        consumer.state.on_ready(slot, index)
+                        self._dirty(owner)
         if unit.fetch is not None or self._recording:
             self.runtime.completed(unit, iteration, result, start, end, taken)
         self.owed -= len(unit.members)

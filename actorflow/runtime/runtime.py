@@ -379,7 +379,7 @@ class Runtime:
         if self.recorder.enabled:
             step = iteration // actor.calls * actor.every // self.plan.micro_batches
             register = taken[0][0] if taken[0] else None
-            self.recorder.record(step, self._span, unit, iteration, start, end, register)
+            self.recorder.record(step, self._span, unit, iteration, step, start, end, register)
 
     def stream_finished(self) -> None:
         """A stream's thread completed its acts of this run; the last one wakes trio."""
@@ -395,20 +395,17 @@ class Runtime:
         """Launches and completions so far, for the stall watchdog."""
         return sum(d.acted for d in self._drivers)
 
-    def _span(self, unit: Unit, act: int, start: float, end: float, register: int | None) -> Span:
-        """A kernel's span: step, micro-batch, buffer written, stage, rank, phase and the
-        producer acts it read, for flow arrows (made when the trace is read, see
-        ``trace.recorder``)."""
+    def _span(
+        self, unit: Unit, act: int, iteration: int, start: float, end: float, register: int | None
+    ) -> Span:
+        """A kernel's span: ``iteration`` (the step), micro-batch, buffer written, stage,
+        rank, phase and the producer acts it read, for flow arrows (made when the trace
+        is read, see ``trace.recorder``)."""
         actor = unit.members[0].actor
         stream = self.plan.streams[actor.stream]
         m, every = self.plan.micro_batches, actor.every
         call, step = act % actor.calls, act // actor.calls  # a reused subgraph acts once a call
-        args: dict[str, Any] = {
-            "actor": unit.name,
-            "op": actor.op,
-            "iteration": step * every // m,
-            "act": act,
-        }
+        args: dict[str, Any] = {"actor": unit.name, "op": actor.op, "iteration": iteration, "act": act}
         args |= self._span_args[actor.id]
         if actor.calls > 1:
             args["call"] = call

@@ -167,13 +167,24 @@ class Recorder:
         return sorted((s for group in self._described_groups().values() for s in group), key=_start_end)
 
     def _described_groups(self) -> dict[int, list[Span]]:
-        """The groups, each recorded span made, once."""
+        """A copy of the groups, each recorded span made (once), safe to read while
+        streams go on recording."""
         with self._lock:
             if not self._described:
                 for group in self._groups.values():
                     group[:] = [s if type(s) is Span else s[0](*s[1]) for s in group]
                 self._described = True
-            return self._groups
+            return {key: list(group) for key, group in self._groups.items()}
+
+    def clear(self) -> None:
+        """Forget every span held and every one dropped, as if new (a benchmark's warm-up)."""
+        with self._lock:
+            self._groups.clear()
+            self._oldest.clear()
+            self._held = 0
+            self.kept_from = None
+            self.dropped = 0
+            self._described = True
 
     def kernels(self) -> list[Span]:
         """The kernels' spans, without the waits."""
