@@ -12,6 +12,10 @@ one sweep that is linear by construction (copy every actor, build the data edges
 them topologically), with compile time as a multiple of it. A pass that grew faster than
 linear would make that multiple grow.
 
+The sizes count one actor per op, so these compile with ``fuse_kernels=False``; the
+last two columns give the default compile, whose chain fusion makes fewer, larger
+actors (see ``compiler.chains``): its actors and seconds.
+
 Run: python benchmarks/compile_time.py [--actors 1000 10000 100000] [--repeats 3]
 """
 
@@ -57,6 +61,9 @@ def deep_mlp(layers: int, width: int = 8, batch: int = 8, devices: list[str] = D
     return g
 
 
+UNFUSED = {"fuse_kernels": False}  # one actor per op, as the sizes are counted
+
+
 def layers_for(actors: int) -> int:
     return max(1, round(actors / ACTORS_PER_LAYER))
 
@@ -95,7 +102,7 @@ def compile_and_sweep(graph: af.Graph, repeats: int) -> tuple[af.Plan, float, fl
     ``repeats``), each sweep right after its compile, so the ratio is of one moment."""
     times, ratios = [], []
     for _ in range(repeats):
-        plan, seconds = compile_once(graph)
+        plan, seconds = compile_once(graph, **UNFUSED)
         times.append(seconds)
         ratios.append(seconds / linear_sweep(plan))
     return plan, statistics.median(times), statistics.median(ratios)
@@ -119,6 +126,7 @@ def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
         graph = deep_mlp(layers)
         build = time.perf_counter() - start
         plan, seconds, ratio = compile_and_sweep(graph, repeats)
+        fused, fused_seconds = time_compile(graph, repeats)
         graphs.append(graph)
         rows.append(
             [
@@ -130,14 +138,16 @@ def compile_table(sizes: list[int], repeats: int) -> list[tuple[str, ...]]:
                 f"{seconds:.2f}",
                 f"{seconds / len(plan.actors) * 1e6:.1f}",
                 f"{ratio:.1f}",
+                str(len(fused.actors)),
+                f"{fused_seconds:.2f}",
             ]
         )
     largest = plan  # alive while every size compiles again beside it
     for row, graph in zip(rows, graphs):
-        _, seconds = time_compile(graph, repeats)
-        row.append(f"{seconds / int(row[2]) * 1e6:.1f}")
+        _, seconds = time_compile(graph, repeats, **UNFUSED)
+        row.insert(8, f"{seconds / int(row[2]) * 1e6:.1f}")
     beside = f"us per actor beside the {len(largest.actors) // 1000}k plan"
-    return [(*header, beside), *map(tuple, rows)]
+    return [(*header, beside, "fused actors", "fused compile s"), *map(tuple, rows)]
 
 
 def main() -> None:
