@@ -12,6 +12,7 @@ import pytest
 
 import actorflow as af
 import userfns
+from actorflow.compiler.chains import MAX_MEMBERS
 from actorflow.config import parse_config
 from actorflow.training import compile_config
 from actorflow.training.data import step_feeds, synthetic_classification
@@ -58,6 +59,15 @@ def test_a_chain_of_calls_is_one_actor_whose_parts_run_in_order_on_its_stream_th
         threads = s._runtime.threads()
     np.testing.assert_array_equal([o["y"] for o in outs], [np.full(3, i + 4.0) for i in range(5)])
     assert RAN == [threads[fused.name]] * 20 and threads[fused.name] == "cpu:0/compute"
+
+
+def test_a_long_chain_fuses_in_pieces_of_at_most_max_members():
+    plan = af.compile(call_chain(2 * MAX_MEMBERS + 1))
+    fused = [a.name.split("+") for a in plan.actors if a.kind == "compute"]
+    assert [len(names) for names in fused] == [MAX_MEMBERS, MAX_MEMBERS, 1]
+    assert [n for names in fused for n in names] == [f"c{k}" for k in range(2 * MAX_MEMBERS + 1)]
+    out = af.run(plan, {"x": np.zeros(3)})
+    np.testing.assert_array_equal(out["y"], np.full(3, 2.0 * MAX_MEMBERS + 1))
 
 
 def test_devices_split_chains_and_unfused_plans_keep_one_actor_per_op():

@@ -27,6 +27,11 @@ from ..plan import Actor, Input, Plan
 from ..records import evolve
 from .topology import renumber, with_consumers
 
+MAX_MEMBERS = 8
+"""The most actors one fused actor runs: past a few, an act's host cost is a small part
+of its kernels' anyway, and a longer chain (a deep model's whole forward pass on one
+device) would only make a name nobody reads in a trace or an error."""
+
 
 def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
     """-> (the plan with each chain one actor, the registers now internal to a chain)."""
@@ -39,18 +44,21 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
     producer = {r.id: r.producer for r in plan.registers}
     dead: set[int] = set()
     internal: set[str] = set()
-    for head in heads:
-        members = [plan.actors[head]]
-        while members[-1].id in following:
-            members.append(plan.actors[following[members[-1].id]])
-        actors[head] = _fused(plan, members)
-        for m in members[1:]:
-            dead.add(m.id)
-            link = next(i.register for i in m.inputs if not _constant(plan, i.register))
-            if len(plan.registers[link].consumers) == 1:
-                internal.add(plan.registers[link].name)
-        for o in actors[head].outputs:
-            producer[o] = head
+    for start in heads:
+        path = [plan.actors[start]]
+        while path[-1].id in following:
+            path.append(plan.actors[following[path[-1].id]])
+        for k in range(0, len(path) - 1, MAX_MEMBERS):  # a last one alone stays as it is
+            members = path[k : k + MAX_MEMBERS]
+            head = members[0].id
+            actors[head] = _fused(plan, members)
+            for m in members[1:]:
+                dead.add(m.id)
+                link = next(i.register for i in m.inputs if not _constant(plan, i.register))
+                if len(plan.registers[link].consumers) == 1:
+                    internal.add(plan.registers[link].name)
+            for o in actors[head].outputs:
+                producer[o] = head
     live = [a for a in actors if a.id not in dead]
     registers = with_consumers(live, [evolve(r, producer=producer[r.id]) for r in plan.registers])
     return renumber(
