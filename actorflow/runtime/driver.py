@@ -304,8 +304,9 @@ class Driver:
             taken.append(buffers)
             every_act = state.uniform  # else only some acts release an input
             for spec in m.inputs:
-                if spec.param is not None:
-                    ins.append(spec.param)
+                param = spec.param
+                if param is not None:
+                    ins.append(param)
                     continue
                 index = ready[spec.slot]
                 if index is None:  # another call's input (a reused subgraph)
@@ -322,12 +323,10 @@ class Driver:
         if unit.feed is not None:
             ins.append(self.runtime.feed_value(unit.feed, iteration))
         self.acted += 1
-        if unit.fences:
-            fence = self._hold(unit)
-            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
+        fence = self._hold(unit) if unit.fences else None
+        self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
+        if fence is not None:
             fence.release()
-        else:
-            self.executor.launch(unit.kernel, ins, outs, (unit, iteration, frees, taken))
 
     def _hold(self, unit: Unit) -> Fence:
         """Park the streams ``unit`` holds (overlap off) before its kernel runs."""
@@ -337,9 +336,23 @@ class Driver:
         fence.hold(lambda: self.closed)
         return fence
 
+    def _send_ready(self, consumer: Member, slot: int, index: int) -> None:
+        driver = consumer.unit.driver
+        if driver is self:
+            consumer.state.on_ready(slot, index)
+            self._dirty(consumer.unit)
+        else:
+            driver.post((READY, consumer, slot, index))
+
+    def _send_free(self, producer: Member, out: int, index: int) -> None:
+        driver = producer.unit.driver
+        if driver is self:
+            if producer.state.on_free(out, index):
+                self._dirty(producer.unit)
+        else:
+            driver.post((FREE, producer, out, index))
+
     def _complete(self, completion: Completion) -> None:
-        """A kernel ended: its inputs go back to their producers and its outputs to their
-        consumers, by a plain call on this stream and a message to another's."""
         (unit, iteration, frees, taken), result, start, end, ok = completion
         if not ok:
             self.closed = True
@@ -347,11 +360,7 @@ class Driver:
             return
         self.acted += 1
         for producer, out, index in frees:
-            owner = producer.unit
-            if owner.driver is not self:
-                owner.driver.post((FREE, producer, out, index))
-            elif producer.state.on_free(out, index):
-                self._dirty(owner)
+            self._send_free(producer, out, index)
         for m, buffers in zip(unit.members, taken):
             state = m.state
             for k, (output, index) in enumerate(zip(m.outputs, buffers)):
@@ -361,12 +370,7 @@ class Driver:
                     output.consumers if output.by_call is None else output.by_call[iteration % state.calls]
                 )
                 for consumer, slot in consumers:
-                    owner = consumer.unit
-                    if owner.driver is not self:
-                        owner.driver.post((READY, consumer, slot, index))
-                    else:
-                        consumer.state.on_ready(slot, index)
-                        self._dirty(owner)
+                    self._send_ready(consumer, slot, index)
         if unit.fetch is not None or self._recording:
             self.runtime.completed(unit, iteration, result, start, end, taken)
         self.owed -= len(unit.members)
