@@ -462,7 +462,7 @@ def test_a_slow_last_stage_fills_the_first_stage_up_to_its_schedule_quota(slow, 
         stages=STAGES,
         schedule=schedule,
     )
-    assert any(a.attrs.get("fn") is slow for a in plan.actors)
+    assert any(attrs.get("fn") is slow for a in plan.actors for _, attrs in a.kernels())
     with af.Session(plan) as s:
         s.run(step_feeds(m) * 2)
         stats = s.register_stats()

@@ -137,12 +137,13 @@ def check_outputs(recipe: gs.Recipe, feeds, outs) -> None:
 
 
 def probe_actors(plan: af.Plan) -> dict[int, af.plan.Actor]:
-    """Probe index -> its call actor in the plan (probes in dead code are not there)."""
+    """Probe index -> the actor that runs its call, alone or as part of a fused chain
+    (probes in dead code are not there)."""
     found = {}
     for a in plan.actors:
-        fn = a.attrs.get("fn") if a.op == "call" else None
-        if fn in gs.PROBES:
-            found[gs.PROBES.index(fn)] = a
+        for _, attrs in a.kernels():
+            if attrs.get("fn") in gs.PROBES:
+                found[gs.PROBES.index(attrs["fn"])] = a
     return found
 
 
@@ -306,7 +307,8 @@ def test_kernels_run_on_their_stream_thread(data):
     tn_streams = {
         plan.streams[a.stream].name
         for a in plan.actors
-        if a.op == "call" and a.attrs["fn"] is userfns.thread_name
+        for _, attrs in a.kernels()
+        if attrs.get("fn") is userfns.thread_name
     }
     seen = {t for fn, t in userfns.calls if fn == "thread_name"}
     assert seen == tn_streams
@@ -399,7 +401,7 @@ def hand_offs(plan: af.Plan, threads: dict[str, str]) -> Counter:
     kinds: Counter = Counter()
     for actor in plan.actors:
         if len(actor.ops) > 1:
-            kinds["inside a fused chain"] += len(actor.attrs["parts"]) - 1
+            kinds["inside a fused chain"] += len(actor.ops) - 1
     for reg, _, _, actor, _ in data_edges(plan):
         producer = plan.actors[reg.producer]
         sender, receiver = threads[producer.name], threads[actor.name]
