@@ -291,6 +291,16 @@ def _check_parts(plan: Plan, a: Actor) -> None:
         raise CompileError(f"actor {a.name!r} runs ops {list(a.ops)}, so its attrs need one part each")
     data_in = sum(not plan.registers[i.register].control for i in a.inputs)
     data_out = sum(not plan.registers[o].control for o in a.outputs)
+    # the runtime hands the act's phase to an actor that publishes a data output less often
+    # than it acts (to once-per-step readers)
+    phased = any(
+        plan.actors[c.actor].every > a.every
+        for o in a.outputs
+        if not plan.registers[o].control
+        for c in plan.registers[o].consumers
+        if 0 <= c.actor < len(plan.actors)
+    )
+    written: set[int] = set()
     for k, part in enumerate(parts):
         if not (
             isinstance(part, tuple)
@@ -309,6 +319,16 @@ def _check_parts(plan: Plan, a: Actor) -> None:
                 f"actor {a.name!r}: part {k} of its chain reads {list(part[2])} or writes {list(part[3])}, "
                 f"past its {data_in} data inputs and {data_out} data outputs"
             )
+        unwritten = [~i for i in part[2] if i < 0 and ~i not in written]
+        if unwritten:
+            raise CompileError(
+                f"actor {a.name!r}: part {k} of its chain reads outputs {unwritten} no part before wrote"
+            )
+        if part[4] and not phased:
+            raise CompileError(
+                f"actor {a.name!r}: part {k} of its chain takes a phase, but the actor acts at one rate"
+            )
+        written.update(part[3])
 
 
 def _check_attrs(plan: Plan, a: Actor) -> None:

@@ -3,7 +3,8 @@
 (a) host overhead per act: a chain of no-op ``call`` actors on one device, many
     iterations, against a plain Python loop calling the same functions (goal, #11: at
     most 15x the plain loop's per-call cost at quota 2); compiled unfused, one actor per
-    call, and beside it the same chain fused into one actor, as ``compile`` makes it;
+    call, and beside it the same chain fused as ``compile`` makes it (actors of at most 8
+    calls, ``compiler.chains.MAX_MEMBERS``: here 8 and 2);
 (d) host overhead per hop: one no-op actor on each of cpu:0, cpu:1 and cpu:2, one after
     the other; a hop is a hand-off from one device to the next (two per iteration),
     against a thread ping-pong round trip (``queue.SimpleQueue``), the machine's price of
@@ -174,7 +175,7 @@ def hop_overhead(devices: int, iterations: int, repeats: int, quota: int) -> tup
 
 
 def fused_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
-    """(µs per no-op call with the chain fused into one actor, µs per act unfused), medians."""
+    """(µs per no-op call with the chain fused as compile fuses it, µs per act unfused), medians."""
     plans = [noop_chain(actors, quota, fuse=True), noop_chain(actors, quota)]
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     runs: list[list[float]] = [[], []]
@@ -255,7 +256,7 @@ def main() -> int:
     ]
     rows.append(
         (
-            f"(a) the same chain fused into one actor (compile's default), quota {args.quotas[0]}",
+            f"(a) the same chain fused (compile's default: chains of at most 8), quota {args.quotas[0]}",
             f"{fused[0]:.1f} us/call",
             f"{fused[1]:.1f} us/call (unfused)",
             f"{fused[0] / fused[1]:.2f}x",

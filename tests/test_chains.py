@@ -130,6 +130,13 @@ def test_a_part_that_would_fail_every_act_is_refused_at_load():
     beyond = (fused.attrs["parts"][0], (kernel, attrs, (5,), *rest[1:]))
     with pytest.raises(af.PlanSerializationError, match="part 1 of its chain reads \\[5\\]"):
         af.Plan.from_bytes(attrs_evolve(plan, fused, beyond).to_bytes())
+    first, second = fused.attrs["parts"]
+    ahead = ((*first[:2], (~1,), *first[3:]), second)  # reads what the second part writes
+    with pytest.raises(af.PlanSerializationError, match="reads outputs \\[1\\] no part before wrote"):
+        af.Plan.from_bytes(attrs_evolve(plan, fused, ahead).to_bytes())
+    phased = (first, (*second[:4], True, *second[5:]))  # no once-per-step reader hands a phase
+    with pytest.raises(af.PlanSerializationError, match="takes a phase, but the actor acts at one rate"):
+        af.Plan.from_bytes(attrs_evolve(plan, fused, phased).to_bytes())
 
 
 def attrs_evolve(plan: af.Plan, actor, parts) -> af.Plan:

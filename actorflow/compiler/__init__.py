@@ -69,9 +69,11 @@ def compile(
     device (False: off); bucket_first and bucket_cap (bytes of one device's tensors): the
     first bucket closes once it holds bucket_first, and no bucket grows past bucket_cap
     (a larger tensor goes alone); PyTorch DDP's defaults, 1 MiB and 25 MiB;
-    fuse_kernels: a compute actor whose only data input is another's output on its
-    device, in the same pass, runs inside that producer's act, one kernel after the
-    other (see ``chains``; False: every op its own actor); overlap:
+    fuse_kernels: a compute actor whose only data input (besides parameters and
+    variables) is another's output on its device, in the same pass and at the same
+    rate, runs inside that producer's act, one kernel after the other, where the
+    producer's other readers are on its stream; a producer takes one follower and a
+    chain is cut every 8 members (see ``chains``; False: every op its own actor); overlap:
     False makes collectives act as if they shared their devices' compute streams (the
     schedule with no overlap, for comparison).
 

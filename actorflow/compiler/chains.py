@@ -14,7 +14,7 @@ start), so running them as one act adds no cycle. It adds one wait: whoever else
 the producer's output now gets it after the consumer's kernel too, so a producer fuses
 only where every other reader is on its own stream (which ran them in order anyway);
 one read on another device, a copy or a collective keeps it apart. Both are plain
-compute actors (no collective, no recompute copy) of the same pass (forward, backward,
+compute actors (no collective, nothing ``af.recompute`` marked or copied) of the same pass (forward, backward,
 weight gradient), so pipeline schedules and phases see the fused actor as they saw each.
 A register that only the next part read stays as an output of the fused actor with no
 consumer: its credit comes back at once, so it needs one buffer (the names returned).
