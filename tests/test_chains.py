@@ -212,3 +212,10 @@ def test_a_pipeline_trains_the_same_fused_with_fewer_acts_and_within_its_quotas(
     # a fused gradient's inner register is read only in its act: one buffer
     inner = [r for r in plan.registers if r.producer >= 0 and not r.consumers and not r.control]
     assert inner and {stats[r.name]["quota"] for r in inner} == {1}
+
+
+def test_an_op_name_with_a_plus_is_refused_since_plus_joins_a_chains_ops():
+    from actorflow.ops.registry import register
+
+    with pytest.raises(ValueError, match="an op's name has no '\\+'"):
+        register("relu+tanh", "compute", None)

@@ -20,6 +20,8 @@ _REGISTRY: dict[str, OpDef] = {}
 def register(name: str, kind: str, kernel: Callable | None) -> None:
     if name in _REGISTRY:
         raise ValueError(f"op {name!r} is registered twice")
+    if "+" in name:  # a fused chain's op is its members' joined by + (plan.Actor.ops)
+        raise ValueError(f"op {name!r}: an op's name has no '+'")
     _REGISTRY[name] = OpDef(name, kind, kernel)
 
 
