@@ -14,6 +14,7 @@ import actorflow as af
 import userfns
 from actorflow.compiler.chains import MAX_MEMBERS
 from actorflow.config import parse_config
+from actorflow.ops.registry import register
 from actorflow.training import compile_config
 from actorflow.training.data import step_feeds, synthetic_classification
 from actorflow.training.runner import local_feeds
@@ -215,7 +216,5 @@ def test_a_pipeline_trains_the_same_fused_with_fewer_acts_and_within_its_quotas(
 
 
 def test_an_op_name_with_a_plus_is_refused_since_plus_joins_a_chains_ops():
-    from actorflow.ops.registry import register
-
     with pytest.raises(ValueError, match="an op's name has no '\\+'"):
         register("relu+tanh", "compute", None)
