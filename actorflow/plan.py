@@ -289,6 +289,18 @@ class Plan:
             return int(device[4:])
         return self.ranks.get(device, 0)
 
+    def period(self, actor: Actor, register: int) -> int:
+        """Every how many acts ``actor`` hands its output ``register`` on: 1, or m where
+        once-per-step actors read what it makes once per micro-batch (an accumulate)."""
+        every = max((self.actors[c.actor].every for c in self.registers[register].consumers), default=1)
+        return max(1, every // actor.every)
+
+    def phases(self, actor: Actor) -> int:
+        """How many phases ``actor``'s acts cycle through, the longest period of its data
+        outputs: the runtime hands a kernel of more than one its act's phase (an
+        accumulate's, which needs to know the first and last micro-batch of a step)."""
+        return max((self.period(actor, o) for o in actor.outputs if not self.registers[o].control), default=1)
+
     def stage_of(self, device: str) -> int | None:
         """The pipeline stage holding ``device``, or None (not in a stage, or no stages)."""
         return next((k for k, devices in enumerate(self.stages) if device in devices), None)

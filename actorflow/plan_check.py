@@ -40,6 +40,7 @@ def validate(plan: Plan) -> None:
     _check_memory(plan)
     _check_actors(plan)
     _check_consumers(plan)
+    _check_chains(plan)
     _check_transfers(plan)
     _check_collectives(plan)
     _check_calls(plan)
@@ -243,7 +244,7 @@ def _check_actors(plan: Plan) -> None:
     for a in plan.actors:  # once every actor's stream is known to exist
         for k, i in enumerate(a.inputs):
             _check_input(plan, a, k, i)
-        _check_attrs(plan, a)
+        _check_attrs(a, a.kernel, a.attrs)
 
 
 def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
@@ -291,15 +292,7 @@ def _check_parts(plan: Plan, a: Actor) -> None:
         raise CompileError(f"actor {a.name!r} runs ops {list(a.ops)}, so its attrs need one part each")
     data_in = sum(not plan.registers[i.register].control for i in a.inputs)
     data_out = sum(not plan.registers[o].control for o in a.outputs)
-    # the runtime hands the act's phase to an actor that publishes a data output less often
-    # than it acts (to once-per-step readers)
-    phased = any(
-        plan.actors[c.actor].every > a.every
-        for o in a.outputs
-        if not plan.registers[o].control
-        for c in plan.registers[o].consumers
-        if 0 <= c.actor < len(plan.actors)
-    )
+    phased = plan.phases(a) > 1
     written: set[int] = set()
     for k, part in enumerate(parts):
         if not (
@@ -324,6 +317,7 @@ def _check_parts(plan: Plan, a: Actor) -> None:
             raise CompileError(
                 f"actor {a.name!r}: part {k} of its chain reads outputs {unwritten} no part before wrote"
             )
+        _check_attrs(a, part[0], part[1])
         if part[4] and not phased:
             raise CompileError(
                 f"actor {a.name!r}: part {k} of its chain takes a phase, but the actor acts at one rate"
@@ -331,21 +325,26 @@ def _check_parts(plan: Plan, a: Actor) -> None:
         written.update(part[3])
 
 
-def _check_attrs(plan: Plan, a: Actor) -> None:
-    """Each kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would
-    fail every act (a fused chain's kernel, and each of its parts')."""
-    if len(a.ops) > 1:
-        _check_parts(plan, a)
-    for kernel, attrs in [(a.kernel, a.attrs), *a.kernels()] if len(a.ops) > 1 else a.kernels():
-        names = tuple(sorted(attrs))
-        try:
-            refused = _refused_attrs(kernel, names)
-        except TypeError:  # an unhashable callable object
-            refused = _refused_attrs.__wrapped__(kernel, names)
-        if refused is not None:
-            raise CompileError(
-                f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {list(names)}: {refused}"
-            )
+def _check_chains(plan: Plan) -> None:
+    """Each fused chain's parts (once consumers are known good: a part's phase depends on
+    who reads the actor's outputs)."""
+    for a in plan.actors:
+        if len(a.ops) > 1:
+            _check_parts(plan, a)
+
+
+def _check_attrs(a: Actor, kernel: Callable, attrs: dict[str, Any]) -> None:
+    """The kernel takes ``(ins, outs, **attrs)``: attrs it has no parameter for would fail
+    every act (``a``'s own, or one of its chain's parts')."""
+    names = tuple(sorted(attrs))
+    try:
+        refused = _refused_attrs(kernel, names)
+    except TypeError:  # an unhashable callable object
+        refused = _refused_attrs.__wrapped__(kernel, names)
+    if refused is not None:
+        raise CompileError(
+            f"actor {a.name!r}: kernel {_name(kernel)} does not take attributes {list(names)}: {refused}"
+        )
 
 
 def _name(fn: Callable) -> str:

@@ -14,8 +14,9 @@ start), so running them as one act adds no cycle. It adds one wait: whoever else
 the producer's output now gets it after the consumer's kernel too, so a producer fuses
 only where every other reader is on its own stream (which ran them in order anyway);
 one read on another device, a copy or a collective keeps it apart. Both are plain
-compute actors (no collective, nothing ``af.recompute`` marked or copied) of the same pass (forward, backward,
-weight gradient), so pipeline schedules and phases see the fused actor as they saw each.
+compute actors (no collective, nothing ``af.recompute`` marked or copied) of the same
+pass (forward, backward, weight gradient), so pipeline schedules and phases see the
+fused actor as they saw each.
 A register that only the next part read stays as an output of the fused actor with no
 consumer: its credit comes back at once, so it needs one buffer (the names returned).
 """
@@ -130,7 +131,7 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
                 data_in += 1
             inputs.append(Input(i.register) if m is not head else i)
         targets = [data_out[o] for o in m.outputs if o in data_out]
-        phased = _phased(plan, m)
+        phased = plan.phases(m) > 1  # it takes the act's phase, as an accumulate does
         parts.append((m.kernel, dict(m.attrs), tuple(sources), tuple(targets), phased, m.name, m.where))
     return evolve(
         head,
@@ -140,15 +141,4 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
         attrs={"parts": tuple(parts)},
         inputs=tuple(inputs),
         outputs=tuple(outputs),
-    )
-
-
-def _phased(plan: Plan, actor: Actor) -> bool:
-    """Whether the runtime hands ``actor`` its act's phase: it publishes a data output
-    once per step to once-per-step consumers (an ``accumulate``)."""
-    return any(
-        plan.actors[c.actor].every > actor.every
-        for o in actor.outputs
-        if not plan.registers[o].control
-        for c in plan.registers[o].consumers
     )

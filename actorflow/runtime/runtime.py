@@ -179,7 +179,7 @@ class Runtime:
         self._slots = {a.id: _protocol_slots(plan, a) for a in local}
         self._output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
         for actor in local:
-            periods = [_period(plan, actor, o) for o in actor.outputs]
+            periods = [plan.period(actor, o) for o in actor.outputs]
             slots = self._slots[actor.id]
             state = ActorState(
                 len(slots),
@@ -189,10 +189,7 @@ class Runtime:
                 periods=periods,
                 call_consumers=_call_consumers(plan, actor),
             )
-            phases = max(
-                [p for p, o in zip(periods, actor.outputs) if not plan.registers[o].control], default=1
-            )
-            self._members[actor.id] = Member(actor, state, phases)
+            self._members[actor.id] = Member(actor, state, plan.phases(actor))
         for actor in local:
             self._wire(self._members[actor.id])
 
@@ -700,12 +697,6 @@ def _hold(plan: Plan, actor, i) -> int:
     """How many of ``actor``'s acts one register of input ``i`` serves (a once-per-step register's m)."""
     producer = plan.actors[plan.registers[i.register].producer]
     return max(1, producer.every // actor.every)
-
-
-def _period(plan: Plan, actor, register: int) -> int:
-    """Every how many acts ``actor`` hands output ``register`` on (an accumulate's > 1)."""
-    every = max((plan.actors[c.actor].every for c in plan.registers[register].consumers), default=1)
-    return max(1, every // actor.every)
 
 
 def _partners(plan: Plan, unit: Unit) -> list[Unit]:
