@@ -65,7 +65,7 @@ def compile_random(data, recipe: gs.Recipe):
     }
     priority = data.draw(st.booleans(), label="priority")
     plan = af.compile(graph, quota=quota, quotas=keys, priority=priority, fuse_kernels=fuse)
-    read = {r.name for r in af.compile(graph, fuse_kernels=False).registers if r.consumers}
+    read = {r.name for r in af.compile(graph, fuse_kernels=False).registers if r.consumers} if fuse else set()
     for r in plan.registers:
         internal = r.name in read and not r.consumers  # read only inside a fused chain: 1 buffer
         assert r.quota == overrides.get(r.name, 1 if r.is_parameter or internal else quota), r

@@ -26,6 +26,7 @@ from __future__ import annotations
 from ..ops.chain import chain
 from ..plan import Actor, Input, Plan
 from ..records import evolve
+from .streams import stream_key
 from .topology import renumber, with_consumers
 
 MAX_MEMBERS = 8
@@ -42,7 +43,7 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
     followers = set(following.values())
     heads = [a.id for a in plan.actors if a.id in following and a.id not in followers]
     actors = list(plan.actors)
-    producer = {r.id: r.producer for r in plan.registers}
+    moved: dict[int, int] = {}  # register -> the fused actor that now produces it
     dead: set[int] = set()
     internal: set[str] = set()
     for start in heads:
@@ -58,10 +59,11 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
                 link = next(i.register for i in m.inputs if not _constant(plan, i.register))
                 if len(plan.registers[link].consumers) == 1:
                     internal.add(plan.registers[link].name)
-            for o in actors[head].outputs:
-                producer[o] = head
+            moved.update(dict.fromkeys(actors[head].outputs, head))
     live = [a for a in actors if a.id not in dead]
-    registers = with_consumers(live, [evolve(r, producer=producer[r.id]) for r in plan.registers])
+    registers = with_consumers(
+        live, [evolve(r, producer=moved[r.id]) if r.id in moved else r for r in plan.registers]
+    )
     return renumber(
         evolve(plan, actors=tuple(actors), registers=registers), plan.collectives, dead, set()
     ), internal
@@ -88,9 +90,11 @@ def _links(plan: Plan) -> dict[int, int]:
 
 def _on_stream_of(plan: Plan, producer: Actor, register: int, consumer: Actor) -> bool:
     """Whether every reader of ``register`` but ``consumer`` runs on ``producer``'s
-    compute stream, where fusing delays none of them past what stream order did."""
+    stream, where fusing delays none of them past what stream order did. (Ranks are not
+    placed yet; a compute stream's key does not depend on them.)"""
+    stream = stream_key(producer.kind, producer.device, 0)
     readers = (plan.actors[c.actor] for c in plan.registers[register].consumers if c.actor != consumer.id)
-    return all(r.device == producer.device and r.kind in ("compute", "variable", "update") for r in readers)
+    return all(stream_key(r.kind, r.device, 0) == stream for r in readers)
 
 
 def _constant(plan: Plan, register: int) -> bool:
