@@ -36,3 +36,8 @@ class StallError(ActorflowError, RuntimeError):
 class RankError(ActorflowError, RuntimeError):
     """Another rank of the run failed or was lost, so this one stopped too: the message
     names the rank and, for a failure, the actor, stream and iteration where it started."""
+
+
+class ProtocolError(ActorflowError, RuntimeError):
+    """A runtime broke the actor protocol (a second free, a take before an actor can act):
+    a bug in the runtime, not in the user's graph. The message names the actor and register."""

@@ -51,7 +51,7 @@ def channel_of(plan: Plan, coll: Collective) -> tuple[tuple[str, ...], int]:
 
 
 def across_ranks(
-    plan: Plan, coll: Collective, rank: int, transport: Transport
+    plan: Plan, rank: int, transport: Transport, coll: Collective
 ) -> Callable[[list, list], Any]:
     """The kernel this rank's participants of ``coll`` run, for a collective over ranks."""
     actors = [plan.actors[a] for a in coll.actors]

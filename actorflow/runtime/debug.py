@@ -21,7 +21,7 @@ import logging
 import os
 
 from ..plan import Plan
-from .driver import InputSpec, Member, Unit
+from .wiring import Member, Unit
 
 ENV = "ACTORFLOW_DEBUG"
 FLAGS = ("actors",)
@@ -40,19 +40,14 @@ def debug_flags() -> frozenset[str]:
     return frozenset(flags)
 
 
-def fed_inputs(member: Member) -> list[InputSpec]:
-    """``member``'s inputs that take part in the credit protocol, by ``ActorState`` slot."""
-    return [spec for spec in member.inputs if spec.param is None]
-
-
 def lacking(plan: Plan, member: Member) -> list[str]:
     """What keeps ``member`` from its next act: one phrase per input with nothing ready and
     per output with no credit (empty if it lacks nothing)."""
     missing_in, missing_out = member.state.lacking()
-    fed = fed_inputs(member)
     reasons = []
     for k in missing_in:
-        spec = fed[k]
+        spec = member.fed[k]
+        assert spec.producer is not None, "a fed input has a producer"
         reg = plan.registers[spec.producer.actor.outputs[spec.out]]
         reasons.append(f"input {reg.name!r} from {spec.producer.actor.name!r} not ready")
     for k in missing_out:
@@ -88,7 +83,7 @@ class ActorLog:
                 for reason in lacking(self.plan, m)
             )
         self.logger.debug(
-            "actor %s on %s, act %d: %s", unit.name, self._where(stream, unit), state.iteration, what
+            "actor %s on %s, act %d: %s", unit.name, self._where(stream, unit), state.number, what
         )
 
     def turn(self, stream: str, unit: Unit, first: Unit) -> None:
@@ -97,7 +92,7 @@ class ActorLog:
             "actor %s on %s, act %d: waits for its turn: %r is next in collective order",
             unit.name,
             self._where(stream, unit),
-            unit.members[0].state.iteration,
+            unit.members[0].state.number,
             first.name,
         )
 

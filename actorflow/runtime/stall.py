@@ -1,17 +1,26 @@
-"""The wait-for chain of a StallError: from a waiting actor, follow what it waits on to
-the actor that everything waits on."""
+"""Stalls: the watchdog that notices no actor acted for a while, and the StallError's
+report: who waits on what, and the wait-for chain from a waiting actor to the actor that
+everything waits on, followed across ranks (a stalled rank asks the next one)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from enum import Enum
 
 import attrs
+import msgpack
+import trio
 
 from ..dag import topological_order
+from ..errors import StallError
 from ..plan import Plan, transfer_peers
-from .debug import fed_inputs
-from .driver import Driver, Member
+from .debug import lacking
+from .driver import Driver
+from .protocol import act_text
+from .transport import QUERY, REPLY, Transport
+from .wiring import Member
+
+ASK_TIMEOUT = 2.0
 
 
 class _Look(Enum):
@@ -36,7 +45,11 @@ class WaitChain:
 
 
 def wait_for_chain(
-    plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver], base: int, start: int | None = None
+    plan: Plan,
+    members: Mapping[int, Member],
+    drivers: Mapping[int, Driver],
+    base: int,
+    start: int | None = None,
 ) -> WaitChain:
     """``wait-for chain: a -> b -> c, which waits on nothing: ...``, or ``... -> a (a cycle)``.
 
@@ -51,22 +64,22 @@ def wait_for_chain(
     behind another collective in its stream's order; or at one that waits on another
     rank: a launched send or receive waits on its peer, a collective over ranks on the
     participants of the other ranks (``WaitChain.remote``).
-    ``members``: this rank's, by actor id; ``base``: the run's first iteration, to
-    number iterations.
+    ``members``: this rank's, by actor id; ``drivers``: by plan stream id; ``base``:
+    the run's first iteration, to number iterations.
     """
     step = (members[start], _Look.WAIT) if start is not None else _start(plan, members, drivers)
-    chain = _Chain(plan, members, base)
+    chain = _Chain(plan, members, drivers, base)
     text = chain.walk(step)
     return WaitChain("wait-for chain: " + text if start is None else text, chain.remote)
 
 
-def _start(plan: Plan, members: Mapping[int, Member], drivers: Sequence[Driver]) -> _Step | None:
+def _start(plan: Plan, members: Mapping[int, Member], drivers: Mapping[int, Driver]) -> _Step | None:
     for a in _topological(plan):
         if a in members and members[a].state.acts_left > 0:
             return members[a], _Look.WAIT
-    for driver in drivers:
-        if driver.executor.running is not None:
-            return driver.executor.running[0].members[0], _Look.KERNEL
+    for driver in drivers.values():
+        if driver.stream.running is not None:
+            return driver.stream.running[0].members[0], _Look.KERNEL
     return None
 
 
@@ -80,9 +93,12 @@ def _topological(plan: Plan) -> list[int]:
 
 
 class _Chain:
-    def __init__(self, plan: Plan, members: Mapping[int, Member], base: int) -> None:
+    def __init__(
+        self, plan: Plan, members: Mapping[int, Member], drivers: Mapping[int, Driver], base: int
+    ) -> None:
         self.plan = plan
         self.members = members
+        self.drivers = drivers
         self.base = base
         self.remote: tuple[int, int] | None = None
         self.peers = transfer_peers(plan)
@@ -114,8 +130,8 @@ class _Chain:
         for partner in member.unit.members:
             if partner is not member and not partner.state.can_act():
                 return partner, _Look.WAIT
-        driver = member.unit.driver
-        first = driver.units[driver.cursor] if driver.ordered else member.unit
+        driver = self.drivers[member.unit.stream]
+        first = driver.order[driver.cursor] if driver.ordered else member.unit
         if first is not member.unit:
             return (
                 f", which waits on nothing: it can act, but its stream {driver.name} launches "
@@ -126,17 +142,18 @@ class _Chain:
     def _producer(self, member: Member, slot: int) -> _Step:
         """The producer of input ``slot``: its act that makes the register ``member`` needs was
         launched (the register is ready when that kernel finishes), or not yet."""
-        spec = fed_inputs(member)[slot]
+        spec = member.fed[slot]
         producer = spec.producer
+        assert producer is not None, "a fed input has a producer"
         every = member.actor.every
-        needed = (member.state.iteration // member.actor.calls * every + every - 1) // producer.actor.every
+        needed = (member.state.number // member.actor.calls * every + every - 1) // producer.actor.every
         if producer.actor.calls > 1:  # a reused subgraph's act for the call this input reads
             reg = self.plan.registers[producer.actor.outputs[spec.out]]
             read = (member.actor.id, member.inputs.index(spec))  # the actor's input, params counted
             needed = needed * producer.actor.calls + next(
                 c.call for c in reg.consumers if (c.actor, c.slot) == read
             )
-        return producer, (_Look.KERNEL if producer.state.iteration > needed else _Look.WAIT)
+        return producer, (_Look.KERNEL if producer.state.number > needed else _Look.WAIT)
 
     def _holder(self, member: Member, out: int) -> _Step:
         """The first consumer still holding a buffer of output ``out``.
@@ -148,16 +165,12 @@ class _Chain:
         holder. With no such consumer, the buffers are not handed on yet: consumers that
         hear "ready" at completion wait on ``member``'s own launched kernel.
         """
-        held = {i for i, n in enumerate(member.state.pending[out]) if n}
+        held = member.state.in_use(out)
         for consumer, slot in member.outputs[out].consumers:
-            state = consumer.state
-            if any(i in held for i in state.ready[slot]):
+            if consumer.state.keeps(slot, held):
                 return consumer, _Look.WAIT
-            current = state.current_in[slot]
-            if state.iteration % state.holds[slot] and current is not None and current in held:
-                return consumer, _Look.WAIT
-            executor = consumer.unit.driver.executor
-            if executor.done < executor.submitted:
+            stream = self.drivers[consumer.unit.stream].stream
+            if stream.done < stream.submitted:
                 return consumer, _Look.KERNEL
         return member, _Look.KERNEL
 
@@ -169,12 +182,12 @@ class _Chain:
             peer = self.peers[actor.id]
             return self._across(peer.id, f"its {actor.kind} waits on {peer.name!r}")
         elsewhere = [a for a in self.participants.get(actor.id, ()) if a not in self.members]
-        if elsewhere and member.unit.driver.executor.running is not None:
+        driver = self.drivers[member.unit.stream]
+        if elsewhere and driver.stream.running is not None:
             return self._across(
                 elsewhere[0], f"its collective waits on {self.plan.actors[elsewhere[0]].name!r}"
             )
-        driver = member.unit.driver
-        running = driver.executor.running
+        running = driver.stream.running
         if running is None:
             return (
                 f", whose launched kernel has not finished: its stream {driver.name} {self._stream(driver)}"
@@ -189,11 +202,139 @@ class _Chain:
         return f", which waits on rank {rank}: {what}"
 
     def _stream(self, driver: Driver) -> str:
-        executor = driver.executor
-        if executor.running is not None:
-            unit, iteration = executor.running[0], executor.running[1]
-            return f"is running {unit.name!r} (iteration {iteration - self.base})"
-        unfinished = executor.submitted - executor.done
+        stream = driver.stream
+        if stream.running is not None:
+            unit, acts = stream.running
+            return f"is running {unit.name!r} (iteration {acts[0].number - self.base})"
+        unfinished = stream.submitted - stream.done
         if unfinished:
             return f"has {unfinished} launched kernels not finished, the first waiting on another stream"
         return "is idle"
+
+
+class Watchdog:
+    """Fails the run with a StallError when no actor acted for ``timeout`` seconds while a
+    run is on. Over ranks, the report follows the wait-for chain into the other ranks:
+    this rank asks the rank its chain ends at (``QUERY``) and that rank answers with its
+    own chain from there (``REPLY``), and so on, each rank once."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        members: Mapping[int, Member],
+        drivers: Mapping[int, Driver],
+        timeout: float,
+        transport: Transport | None,
+    ) -> None:
+        self.plan = plan
+        self.members = members
+        self.drivers = drivers
+        self.timeout = timeout
+        self.transport = transport
+        self.rank = transport.rank if transport is not None else 0
+        self.base = 0
+        """The current run's first iteration, set by the runtime."""
+        self.iterations = 0
+        """Iterations run since the runtime opened, the current run's included."""
+        self.running = False
+        """A run is on: only then is a lack of progress a stall."""
+        self._answer: tuple[str, tuple[int, int] | None] | None = None
+        self._answered = trio.Event()
+
+    @property
+    def progress(self) -> int:
+        """Launches and completions so far."""
+        return sum(d.acted for d in self.drivers.values())
+
+    async def watch(self, failed: Callable[[], bool], fail: Callable[[BaseException], None]) -> None:
+        seen, since = -1, trio.current_time()
+        while not failed():
+            await trio.sleep(min(1.0, self.timeout / 4))
+            now = trio.current_time()
+            if not self.running or self.progress != seen:
+                seen, since = self.progress, now
+            elif now - since >= self.timeout:
+                report = self.report(now - since)
+                if self.transport is not None:
+                    report = "\n".join([report, *await self._chain_across_ranks()])
+                fail(StallError(report))
+                return
+
+    def report(self, idle: float) -> str:
+        """Every actor with acts left and what it lacks, what each stream is doing, and the
+        wait-for chain from a waiting actor to the one everything waits on."""
+        plan = self.plan
+        lines = [
+            f"no actor acted for {idle:.1f} s (stall_timeout={self.timeout} s); "
+            f"the run has {self.iterations - self.base} iterations. Waiting actors:"
+        ]
+        for member in self.members.values():
+            actor, state = member.actor, member.state
+            if state.acts_left == 0:
+                continue
+            where = plan.streams[actor.stream].name
+            lines.append(
+                f"  {actor.name} on {where}, {act_text(actor.calls, state.number, self.base)}: "
+                + ("; ".join(lacking(plan, member)) or "can act, waiting for its turn")
+            )
+        for driver in self.drivers.values():
+            stream = driver.stream
+            if stream.running is not None:
+                unit, acts = stream.running
+                lines.append(
+                    f"  stream {driver.name} is still running {unit.name!r} "
+                    f"(iteration {acts[0].number - self.base})"
+                )
+            if stream.submitted > stream.done:
+                lines.append(
+                    f"  stream {driver.name}: {stream.submitted - stream.done} launched kernels not finished"
+                )
+            if driver.order:
+                lines.append(
+                    f"  stream {driver.name}: next in collective order is {driver.order[driver.cursor].name!r}"
+                )
+        lines.append(self.chain().text)
+        return "\n".join(lines)
+
+    def chain(self, start: int | None = None) -> WaitChain:
+        return wait_for_chain(self.plan, self.members, self.drivers, self.base, start)
+
+    async def _chain_across_ranks(self) -> list[str]:
+        """Where this rank's wait-for chain ends at another rank, the chain there, asked of
+        that rank (and so on, each rank once)."""
+        assert self.transport is not None
+        remote = self.chain().remote
+        lines, seen = [], {self.rank}
+        while remote is not None and remote[0] not in seen:
+            rank, actor = remote
+            seen.add(rank)
+            self._answer, self._answered = None, trio.Event()
+            self.transport.tell(rank, QUERY, msgpack.packb(actor))
+            with trio.move_on_after(ASK_TIMEOUT):
+                await self._answered.wait()
+            if self._answer is None:
+                lines.append(f"  on rank {rank}: no answer within {ASK_TIMEOUT} s")
+                return lines
+            text, remote = self._answer
+            lines.append(f"  on rank {rank}: {text}")
+        if remote is not None:
+            lines.append(f"  back on rank {remote[0]}: a cycle across ranks")
+        return lines
+
+    def answer_query(self, asker: int, payload: bytes) -> None:
+        """Another rank's stall chain reached one of this rank's actors: the chain from it
+        (on the trio thread)."""
+        actor = msgpack.unpackb(payload)
+        if actor in self.members:
+            chain = self.chain(actor)
+            answer = [chain.text, chain.remote]
+        else:
+            answer = [f"actor {actor} is not on rank {self.rank}", None]
+        assert self.transport is not None, "queries come only over ranks"
+        self.transport.tell(asker, REPLY, msgpack.packb(answer))
+
+    def got_answer(self, payload: bytes) -> None:
+        """The answer to this rank's query (on the trio thread)."""
+        text, remote = msgpack.unpackb(payload)
+        self._answer = (text, tuple(remote) if remote is not None else None)
+        self._answered.set()

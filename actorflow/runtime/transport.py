@@ -63,7 +63,7 @@ from typing import Any, NamedTuple
 import trio
 
 from ..errors import RankError
-from .executor import Completion
+from .device import OnDone
 
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
@@ -124,7 +124,7 @@ class Transport:
         """What this thread reads: work to start (``submit``), and messages for the
         stream it serves (``serve``), in the order they came."""
         self._live: list[tuple[Any, Done | None, bool]] = []  # request, callback, data moving
-        self._stream: Callable[[list[tuple]], None] = lambda messages: None
+        self._stream: Callable[[list[Any]], None] = lambda messages: None
         self._closed = False
         self._failed = False
         self.thread = threading.Thread(target=self._loop, name=f"rank{self.rank}/transport", daemon=True)
@@ -174,7 +174,7 @@ class Transport:
         else:
             self.inbox.put(_Work(start, done, moving))
 
-    def serve(self, stream: Callable[[list[tuple]], None]) -> None:
+    def serve(self, stream: Callable[[list[Any]], None]) -> None:
         """Run a stream's message loop on this thread (the rank's communication stream,
         whose kernels this thread starts anyway): every turn of the loop that heard news
         or finished a request calls ``stream(the messages put in inbox since the last)``."""
@@ -336,12 +336,12 @@ class Transport:
 
 class CommExecutor:
     """The communication stream of a rank: sends and receives started on the transport
-    thread, completing in any order. It looks like a ``StreamExecutor`` to the driver
+    thread, completing in any order. It is a ``device.Stream`` to the driver
     (``launch``, ``close``, ``submitted``, ``done``, ``running``), but its launches return
     at once and report their completion (``on_done``) from the transport's thread; its
     kernels are ``kernel(ins, outs, comm)`` returning the MPI request."""
 
-    def __init__(self, name: str, transport: Transport, on_done: Callable[[Completion], None]) -> None:
+    def __init__(self, name: str, transport: Transport, on_done: OnDone) -> None:
         self.name = name
         self._transport = transport
         self._on_done = on_done
@@ -355,7 +355,7 @@ class CommExecutor:
 
         def done(error: BaseException | None) -> None:
             self.done += 1
-            self._on_done((ctx, error, began, time.perf_counter(), error is None))
+            self._on_done(ctx, error, began, time.perf_counter(), error is None)
 
         sends = bool(ins)  # a send has its data to move; a receive waits for it
         self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, moving=sends)

@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = [
-    "tests/test_actor_state.py",
+    "tests/test_protocol.py",
+    "tests/test_protocol_plans.py",
     "tests/test_properties.py",
     "tests/test_micro_batches.py",
     "tests/test_training.py",
@@ -37,43 +38,62 @@ class Mutant(NamedTuple):
     new: str
 
 
+PROTOCOL = "actorflow/runtime/protocol.py"
+DRIVER = "actorflow/runtime/driver.py"
+
 MUTANTS = [
     Mutant(
         "releases-first-use",
         "a held register is released after its first use instead of its last",
-        "actorflow/runtime/actor_state.py",
-        "return iteration % self.holds[slot] == self.holds[slot] - 1",
-        "return iteration % self.holds[slot] == 0",
+        PROTOCOL,
+        "                if number % hold == hold - 1:",
+        "                if number % hold == 0:",
     ),
     Mutant(
         "publishes-first-write",
         "a periodic output is handed on after its first write instead of its last",
-        "actorflow/runtime/actor_state.py",
-        "return iteration % self.periods[out] == self.periods[out] - 1",
-        "return iteration % self.periods[out] == 0",
+        PROTOCOL,
+        "            if number % period == period - 1:  # its last write: handed on, or free again",
+        "            if number % period == 0:",
     ),
     Mutant(
         "credit-one-free-early",
         "a buffer's credit comes back when one consumer is still to free it",
-        "actorflow/runtime/actor_state.py",
-        "if self.pending[out][index] == 0:",
-        "if self.pending[out][index] <= 1:",
+        PROTOCOL,
+        "        if pending[index] == 0:",
+        "        if pending[index] <= 1:",
     ),
     Mutant(
-        "free-at-launch",
-        "a consumer frees its input when it launches, before its kernel has read it",
-        "actorflow/runtime/driver.py",
-        "                if every_act or state.releases(spec.slot, iteration):\n"
-        "                    frees.append((spec.producer, spec.out, index))",
-        "                if every_act or state.releases(spec.slot, iteration):\n"
-        "                    self._send_free(spec.producer, spec.out, index)",
+        "double-free-accepted",
+        "a second free of a buffer passes silently",
+        PROTOCOL,
+        "        if not pending[index]:",
+        "        if False:",
+    ),
+    Mutant(
+        "uniform-releases-nothing",
+        "an act of the common case releases none of its inputs",
+        PROTOCOL,
+        "            return Act(number, ins, outs, self._all_inputs, self._all_outputs, 0)",
+        "            return Act(number, ins, outs, (), self._all_outputs, 0)",
+    ),
+    Mutant(
+        "free-before-kernel",
+        "a consumer frees its inputs when it launches, before its kernel has read them",
+        DRIVER,
+        "        self.stream.launch(unit.kernel, ins, outs, (unit, acts))",
+        "        for k, (m, act) in enumerate(zip(unit.members, acts)):\n"
+        "            for slot in act.releases:\n"
+        "                self._send_free(m.fed[slot].producer, m.fed[slot].out, act.inputs[slot])\n"
+        "            acts[k] = act._replace(releases=())\n"
+        "        self.stream.launch(unit.kernel, ins, outs, (unit, acts))",
     ),
     Mutant(
         "run-ends-early",
-        "a stream tells the runtime it is done one act before its last",
-        "actorflow/runtime/driver.py",
-        "        if self.owed == 0:",
-        "        if self.owed <= 1:",
+        "a stream tells the runtime it is done before its last actor completed",
+        DRIVER,
+        "            if self.unfinished == 0:",
+        "            if self.unfinished <= 1:",
     ),
 ]
 

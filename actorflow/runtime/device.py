@@ -1,8 +1,13 @@
-"""How a stream runs the kernels its driver launches, like a CUDA stream.
+"""What a runtime needs of a device: streams that run work in order, like CUDA streams.
 
-``StreamExecutor``: kernels run in order on the stream's own thread, the thread that runs
-its driver's message loop (``driver``), so launching a kernel is calling it. It counts
-the kernels launched and finished, and knows the one running, for the stall report.
+A ``Stream`` takes launched kernels and runs them one after another; it reports each
+kernel's end through the ``on_done(ctx, result, start, end, ok)`` it was made with, and
+counts the kernels launched and finished, and knows the one running, for the stall
+report. Two streams implement it today: ``CpuStream`` (a stream thread of this process:
+the thread that runs the stream's driver runs its kernels, so launching is calling and
+the end is reported before ``launch`` returns) and the rank's communication stream
+(``transport.CommExecutor``: sends and receives, which end later, in any order, on the
+transport's thread).
 
 ``Fence`` holds streams while one kernel of another runs: with overlap off, a
 collective's compute streams stop while it runs, as if they were one stream.
@@ -13,16 +18,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-Completion = tuple[Any, Any, float, float, bool]
-"""(context, result or exception, start, end, ok): what a launch reports when it ends."""
+OnDone = Callable[[Any, Any, float, float, bool], None]
+"""``on_done(ctx, result or exception, start, end, ok)``: a launched kernel ended."""
 
 POLL = 0.1
 
 
-class StreamExecutor:
-    def __init__(self, name: str, on_done: Callable[[Completion], None], timed: bool = True) -> None:
+class Stream(Protocol):
+    name: str
+    submitted: int
+    done: int
+    running: Any
+    """The ``ctx`` of the kernel running now, or None."""
+
+    def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
+        """Run ``kernel(ins, outs)`` after the kernels launched before it."""
+
+    def close(self) -> None:
+        """Launch nothing more; the kernel in progress ends on its own."""
+
+
+class CpuStream:
+    def __init__(self, name: str, on_done: OnDone, timed: bool = True) -> None:
         self.name = name
         self._on_done = on_done
         self._clock = time.perf_counter if timed else float  # float() is 0.0, called in C
@@ -31,7 +50,7 @@ class StreamExecutor:
         self.running: Any = None
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
-        """Run the kernel now, on this (the stream's) thread, and report its completion."""
+        """Run the kernel now, on this (the stream's) thread, and report its end."""
         self.submitted += 1
         self.running = ctx
         start = self._clock()
@@ -42,7 +61,7 @@ class StreamExecutor:
         end = self._clock()
         self.running = None
         self.done = self.submitted
-        self._on_done((ctx, result, start, end, ok))
+        self._on_done(ctx, result, start, end, ok)
 
     def close(self) -> None:
         """Nothing to stop: the kernel in progress ends on its own, and none follows."""

@@ -1,0 +1,364 @@
+"""Wiring: what one rank runs of a Plan, as a pure function of (plan, rank).
+
+``wire`` allocates every register buffer this rank holds once, makes each local actor's
+protocol state (``protocol.ActorProtocol``) and routing tables (who reads what, who is
+told "ready" and "free"), groups actors into the units a stream launches as one kernel,
+and hands each stream its units. Nothing here runs: the drivers do (``driver``).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..collector import cyclic_gc_paused
+from ..plan import Actor, Collective, Input, Plan, Stream
+from .protocol import ActorProtocol
+
+HOSTED_MOVE_BYTES = 1 << 18  # copied in about the time it takes to wake a thread
+HOSTED_PRIORITY = -1  # ahead of every priority the compiler gives
+
+
+class InputSpec:
+    """How a member reads one input: a parameter buffer, or a producer's register."""
+
+    __slots__ = ("param", "slot", "control", "buffers", "producer", "out")
+
+    def __init__(
+        self,
+        param: np.ndarray | None = None,
+        slot: int = -1,
+        control: bool = False,
+        buffers: list[np.ndarray] | None = None,
+        producer: Member | None = None,
+        out: int = -1,
+    ) -> None:
+        self.param = param
+        self.slot = slot
+        self.control = control
+        self.buffers = buffers
+        self.producer = producer
+        self.out = out
+
+
+class OutputSpec:
+    """``by_call``: per call of the actor (one, except for a reused communication
+    subgraph), its consumers as (member, protocol slot). ``control``: an order-only
+    register, never handed to the kernel."""
+
+    __slots__ = ("buffers", "by_call", "control")
+
+    def __init__(self, buffers: list[np.ndarray], by_call: list[list], control: bool = False) -> None:
+        self.buffers = buffers
+        self.by_call = by_call
+        self.control = control
+
+    @property
+    def consumers(self) -> list[tuple[Member, int]]:
+        """Every consumer, of every call."""
+        return [c for call in self.by_call for c in call]
+
+
+class Member:
+    """One actor inside a unit: its protocol state and how its inputs and outputs are wired.
+
+    ``phases``: for an actor that publishes its data output every p > 1 acts (an
+    ``accumulate``), p; its kernel gets the act's phase, 0 .. p - 1, as its last input.
+    ``fed``: its inputs that take part in the protocol, by protocol slot.
+    """
+
+    __slots__ = ("actor", "state", "unit", "inputs", "outputs", "fed", "phases")
+
+    unit: Unit
+    """Set by the Unit that takes this member in."""
+
+    def __init__(self, actor: Actor, state: ActorProtocol, phases: int = 1) -> None:
+        self.actor = actor
+        self.state = state
+        self.inputs: list[InputSpec] = []
+        self.outputs: list[OutputSpec] = []
+        self.fed: list[InputSpec] = []
+        self.phases = phases
+
+    def acts(self, iterations: int) -> int:
+        """How many times this actor acts in a run of ``iterations``."""
+        return iterations // self.actor.every * self.actor.calls
+
+
+class Unit:
+    """What a stream launches as one kernel: one actor, or a collective's participants.
+
+    ``stream``: the id of the plan stream whose thread runs it (its own, or a partner's
+    for a small move, see ``_host_moves``); ``fences``: the ids of the streams it holds
+    while it runs (overlap off); ``feed`` and ``fetch``: the names it reads from the
+    caller or hands back."""
+
+    __slots__ = ("id", "name", "priority", "members", "kernel", "stream", "feed", "fetch", "fences", "queued")
+
+    def __init__(self, id: int, name: str, priority: int, members: list[Member], kernel: Callable) -> None:
+        self.id = id
+        self.name = name
+        self.priority = priority
+        self.members = members
+        self.kernel = kernel
+        self.stream = members[0].actor.stream
+        self.feed: str | None = None
+        self.fetch: str | None = None
+        self.fences: list[int] = []
+        self.queued = False  # in its driver's queue of units to try
+        for m in members:
+            m.unit = self
+
+    @property
+    def actor(self) -> Actor:
+        """The first member's actor: the one that names the unit's op, stream and rates."""
+        return self.members[0].actor
+
+
+@attrs.frozen
+class StreamWiring:
+    """One stream of this rank: its units, and for a collective stream the order they
+    launch in within a step (``step_order``), which it follows strictly, step after step."""
+
+    stream: Stream
+    units: list[Unit]
+    order: list[Unit] | None
+
+
+@attrs.frozen
+class Wiring:
+    """What ``wire`` makes: ``members`` by actor id, ``units`` by unit id, ``streams`` of
+    this rank in plan order, and ``buffers`` per register id (empty where another rank
+    holds it)."""
+
+    members: dict[int, Member]
+    units: list[Unit]
+    streams: list[StreamWiring]
+    buffers: list[list[np.ndarray]]
+
+
+Across = Callable[[Collective], Callable]
+"""The kernel of this rank's participants of a collective whose others are on other ranks."""
+
+
+@cyclic_gc_paused()
+def wire(plan: Plan, rank: int, across: Across | None = None) -> Wiring:
+    """Everything ``rank`` runs of ``plan``, wired (see the module's docstring)."""
+    local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
+    mine = {a.id for a in local}
+    buffers = _allocate(plan, rank, local)
+    slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
+    output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
+    members = {a.id: _member(plan, a, slots[a.id]) for a in local}
+    for actor in local:
+        _wire_member(plan, members[actor.id], members, slots, output_index, buffers)
+
+    units: list[Unit] = []
+
+    def add_unit(name: str, actors: list[Actor]) -> Unit:
+        first = actors[0]
+        kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
+        unit = Unit(len(units), name, first.priority, [members[a.id] for a in actors], kernel)
+        units.append(unit)
+        return unit
+
+    in_collective: set[int] = set()
+    for coll in plan.collectives:
+        here = [plan.actors[a] for a in coll.actors if a in mine]
+        in_collective.update(coll.actors)
+        if not here:
+            continue
+        unit = add_unit(coll.name, here)
+        if len(here) < len(coll.actors):
+            assert across is not None, "a collective spans ranks only in a run over several"
+            unit.kernel = across(coll)
+        if coll.seconds > 0:
+            unit.kernel = functools.partial(_lasting, unit.kernel, coll.seconds)
+        if not plan.overlap:
+            devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
+            unit.fences = [
+                s.id for s in plan.streams if s.rank == rank and s.kind == "compute" and s.device in devices
+            ]
+    for actor in local:
+        if actor.id not in in_collective:
+            add_unit(actor.name, [actor])
+    for feed in plan.feeds:
+        if feed.actor in mine:
+            members[feed.actor].unit.feed = feed.name
+    for out in plan.outputs:
+        if out.actor in mine:
+            members[out.actor].unit.fetch = out.name
+    _host_moves(plan, units)
+
+    streams = []
+    for stream in plan.streams:
+        if stream.rank != rank:
+            continue
+        on_it = sorted((u for u in units if u.stream == stream.id), key=lambda u: u.priority)
+        if stream.kind == "collective":
+            on_it.sort(key=lambda u: u.id)  # the collective order, as the plan lists collectives
+            streams.append(StreamWiring(stream, on_it, step_order(on_it, plan.micro_batches)))
+        else:
+            streams.append(StreamWiring(stream, on_it, None))
+    return Wiring(members, units, streams, buffers)
+
+
+def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
+    """A collective stream's launches in one step, from its units in the collective
+    order: a run of units that act once per micro-batch repeats for each micro-batch
+    (all of micro-batch 0's, then 1's, ...); a unit that acts once per step launches
+    once (the compiler puts those reading only per-step values before the
+    per-micro-batch run and those reading accumulated ones after it)."""
+    order: list[Unit] = []
+    run: list[Unit] = []
+    for unit in [*units, None]:
+        if unit is not None and unit.actor.every < micro_batches:
+            run.append(unit)
+            continue
+        order += run * micro_batches
+        run = []
+        if unit is not None:
+            order.append(unit)
+    return order
+
+
+def _allocate(plan: Plan, rank: int, local: list[Actor]) -> list[list[np.ndarray]]:
+    """Every register buffer this rank holds or reads, allocated once: its quota of
+    buffers, or a parameter's one, holding its initial value."""
+    held = {r.id for r in plan.registers if plan.rank_of(r.device) == rank}
+    held |= {i.register for a in local for i in a.inputs}
+    initial = {p.register: p.value for p in plan.parameters}
+    return [
+        []
+        if r.id not in held
+        else [np.array(initial[r.id], dtype=r.dtype, copy=True)]
+        if r.id in initial
+        else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
+        for r in plan.registers
+    ]
+
+
+def _member(plan: Plan, actor: Actor, slots: dict[int, int]) -> Member:
+    state = ActorProtocol(
+        len(slots),
+        [plan.registers[o].quota for o in actor.outputs],
+        [len(plan.registers[o].consumers) for o in actor.outputs],
+        holds=[_hold(plan, actor, actor.inputs[k]) for k in slots],
+        periods=[plan.period(actor, o) for o in actor.outputs],
+        call_consumers=_call_consumers(plan, actor),
+        name=actor.name,
+        registers=[plan.registers[o].name for o in actor.outputs],
+    )
+    return Member(actor, state, plan.phases(actor))
+
+
+def _wire_member(
+    plan: Plan,
+    member: Member,
+    members: dict[int, Member],
+    slots: dict[int, dict[int, int]],
+    output_index: dict[int, int],
+    buffers: list[list[np.ndarray]],
+) -> None:
+    actor = member.actor
+    slot_of = slots[actor.id]
+    for k, i in enumerate(actor.inputs):
+        reg = plan.registers[i.register]
+        if reg.is_parameter:
+            member.inputs.append(InputSpec(param=buffers[reg.id][0]))
+            continue
+        spec = InputSpec(
+            slot=slot_of[k],
+            control=reg.control,
+            buffers=buffers[reg.id],
+            producer=members[reg.producer],
+            out=output_index[reg.id],
+        )
+        member.inputs.append(spec)
+        member.fed.append(spec)
+    for o in actor.outputs:
+        reg = plan.registers[o]
+        consumers = [(members[c.actor], slots[c.actor][c.slot]) for c in reg.consumers]
+        by_call = [[t for t, c in zip(consumers, reg.consumers) if c.call == j] for j in range(actor.calls)]
+        member.outputs.append(OutputSpec(buffers[o], by_call, reg.control))
+
+
+def _host_moves(plan: Plan, units: list[Unit]) -> None:
+    """Small moves within this process get no thread of their own: a copy between
+    devices or a fetch runs on its producer's stream, a feed on its consumer's, ahead
+    of that stream's other work (they are quick, and another stream waits for them).
+    A hand-off between two devices is then one message, from the producer's thread to
+    the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where
+    they overlap compute."""
+    host: dict[int, int] = {}  # unit id -> the stream whose thread runs it
+
+    def stream_of(unit: Unit) -> int:
+        if unit.id not in host:
+            host[unit.id] = unit.actor.stream
+            partners = {stream_of(p) for p in _partners(plan, unit)}
+            if len(partners) == 1 and plan.streams[stream := partners.pop()].kind in ("compute", "copy"):
+                host[unit.id] = stream
+        return host[unit.id]
+
+    for unit in units:
+        stream = stream_of(unit)
+        if stream != unit.actor.stream:
+            unit.stream = stream
+            unit.priority = HOSTED_PRIORITY
+
+
+def _partners(plan: Plan, unit: Unit) -> list[Unit]:
+    """The units on whose stream a small move within the process may run (see
+    ``_host_moves``): a copy's or a fetch's producer, a feed's consumers; none where it
+    keeps its own stream."""
+    if len(unit.members) > 1:
+        return []
+    member = unit.members[0]
+    actor = member.actor
+    if actor.kind not in ("copy", "fetch", "feed") or not member.state.uniform:  # uniform: one call
+        return []
+    moved = [plan.registers[o] for o in actor.outputs] or [plan.registers[i.register] for i in actor.inputs]
+    if sum(r.nbytes for r in moved) > HOSTED_MOVE_BYTES:
+        return []
+    if actor.kind == "feed":
+        return [c.unit for o in member.outputs for c, _ in o.consumers]
+    return [member.fed[0].producer.unit] if len(member.fed) == 1 and member.fed[0].producer else []
+
+
+def _protocol_slots(plan: Plan, actor: Actor) -> dict[int, int]:
+    """Input k -> its place among ``actor``'s inputs that take part in the credit protocol
+    (a parameter's does not), in input order."""
+    produced = [k for k, i in enumerate(actor.inputs) if not plan.registers[i.register].is_parameter]
+    return {k: place for place, k in enumerate(produced)}
+
+
+def _hold(plan: Plan, actor: Actor, i: Input) -> int:
+    """How many of ``actor``'s acts one register of input ``i`` serves (a once-per-step register's m)."""
+    producer = plan.actors[plan.registers[i.register].producer]
+    return max(1, producer.every // actor.every)
+
+
+def _call_consumers(plan: Plan, actor: Actor) -> list[list[int]] | None:
+    """Per output of a reused communication subgraph's participant, its consumers per call."""
+    if actor.calls == 1:
+        return None
+    counts = [[0] * actor.calls for _ in actor.outputs]
+    for k, o in enumerate(actor.outputs):
+        for c in plan.registers[o].consumers:
+            counts[k][c.call] += 1
+    return counts
+
+
+def _lasting(kernel: Callable, seconds: float, ins: list, outs: list) -> Any:
+    """Run ``kernel``, then wait out the rest of ``seconds`` (an emulated link's time)."""
+    start = time.perf_counter()
+    result = kernel(ins, outs)
+    rest = seconds - (time.perf_counter() - start)
+    if rest > 0:
+        time.sleep(rest)
+    return result
