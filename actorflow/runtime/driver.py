@@ -19,12 +19,12 @@ spans, the end of a run and failures.
 
 from __future__ import annotations
 
-import heapq
 import queue
 import threading
 from typing import Any, NamedTuple, Protocol
 
 from .device import CpuStream, Fence, Stream
+from .launching import LaunchQueue, can_act
 from .protocol import Act
 from .transport import CommExecutor, Transport
 from .wiring import Member, Unit
@@ -121,16 +121,12 @@ class Driver:
             else CommExecutor(name, transport, self._on_comm_done)
         )
         self.units = units
-        self.order = order or []
-        self.ordered = order is not None
-        self.cursor = 0
+        self.queue = LaunchQueue(units, order)
         self.acted = 0
         self.unfinished = 0  # actors of this stream with acts of this run to complete
         self._recording = recording
         self._log = actor_log
         self.closed = False
-        self._heap: list[tuple[int, int, Unit]] = []
-        self._entries = {unit.id: (unit.priority, unit.id, unit) for unit in units}
         self.inbox: queue.SimpleQueue
         self._own_thread = transport is None
         if transport is None:
@@ -162,7 +158,7 @@ class Driver:
         ``turn`` with all of it."""
         inbox = self.inbox
         while not self.closed:
-            messages = [] if self._heap else [inbox.get()]
+            messages = [] if self.queue else [inbox.get()]
             while not inbox.empty():
                 messages.append(inbox.get_nowait())
             self.turn(messages)
@@ -182,20 +178,15 @@ class Driver:
             self.closed = True
             self.host.fail_soon(exc)
 
-    def _dirty(self, unit: Unit) -> None:
-        if not unit.queued:
-            unit.queued = True
-            heapq.heappush(self._heap, self._entries[unit.id])
-
     def _handle(self, message: Message) -> None:
         if type(message) is Ready:
             member = message.consumer
             member.state.on_ready(message.slot, message.buffer)
-            self._dirty(member.unit)
+            self.queue.dirty(member.unit)
         elif type(message) is Free:
             member = message.producer
             if member.state.on_free(message.out, message.buffer):
-                self._dirty(member.unit)
+                self.queue.dirty(member.unit)
         elif type(message) is Done:
             self._complete(*message)
         elif type(message) is Start:
@@ -205,41 +196,30 @@ class Driver:
                     if acts:
                         m.state.start(acts)
                         self.unfinished += 1
-                self._dirty(unit)
+                self.queue.dirty(unit)
         elif type(message) is Hold:
             message.fence.park(lambda: self.closed)
 
     def _launch_ready(self) -> None:
         """Launch units in priority order until none can act, or news came (it may ready
         a unit that goes first)."""
-        heap, log, inbox = self._heap, self._log, self.inbox
-        while heap and not self.closed:
-            unit = heapq.heappop(heap)[2]
-            unit.queued = False
-            if self.ordered and unit is not self.order[self.cursor]:
-                if log is not None:
-                    log.turn(self.name, unit, self.order[self.cursor])
-                continue
-            if self._can_act(unit):
-                if log is not None:
-                    log.attempt(self.name, unit, True)
-                if self.ordered:
-                    self.cursor = (self.cursor + 1) % len(self.order)
-                    self._dirty(self.order[self.cursor])
-                self._launch(unit)
-                if not self.ordered and self._can_act(unit):  # else news will tell when it can
-                    self._dirty(unit)
-            elif log is not None:
-                log.attempt(self.name, unit, False)
+        queue, inbox = self.queue, self.inbox
+        attempt = self._attempt if self._log is not None else None
+        while queue and not self.closed:
+            unit = queue.pop(attempt)
+            if unit is None:
+                return
+            self._launch(unit)
+            queue.requeue(unit)
             if not inbox.empty():
                 return
 
-    @staticmethod
-    def _can_act(unit: Unit) -> bool:
-        for m in unit.members:
-            if not m.state.can_act():
-                return False
-        return True
+    def _attempt(self, unit: Unit, first: Unit | None) -> None:
+        """Tell the actor log of an act attempt (``ACTORFLOW_DEBUG=actors``)."""
+        if first is not None:
+            self._log.turn(self.name, unit, first)
+        else:
+            self._log.attempt(self.name, unit, can_act(unit))
 
     def _launch(self, unit: Unit) -> None:
         ins: list = []
@@ -309,7 +289,7 @@ class Driver:
         driver = self.peers[consumer.unit.stream]
         if driver is self:
             consumer.state.on_ready(slot, index)
-            self._dirty(consumer.unit)
+            self.queue.dirty(consumer.unit)
         else:
             driver.post(Ready(consumer, slot, index))
 
@@ -317,6 +297,6 @@ class Driver:
         driver = self.peers[producer.unit.stream]
         if driver is self:
             if producer.state.on_free(out, index):
-                self._dirty(producer.unit)
+                self.queue.dirty(producer.unit)
         else:
             driver.post(Free(producer, out, index))

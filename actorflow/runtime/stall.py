@@ -131,7 +131,8 @@ class _Chain:
             if partner is not member and not partner.state.can_act():
                 return partner, _Look.WAIT
         driver = self.drivers[member.unit.stream]
-        first = driver.order[driver.cursor] if driver.ordered else member.unit
+        queue = driver.queue
+        first = queue.order[queue.cursor] if queue.ordered else member.unit
         if first is not member.unit:
             return (
                 f", which waits on nothing: it can act, but its stream {driver.name} launches "
@@ -289,9 +290,9 @@ class Watchdog:
                 lines.append(
                     f"  stream {driver.name}: {stream.submitted - stream.done} launched kernels not finished"
                 )
-            if driver.order:
+            if driver.queue.order:
                 lines.append(
-                    f"  stream {driver.name}: next in collective order is {driver.order[driver.cursor].name!r}"
+                    f"  stream {driver.name}: next in collective order is {driver.queue.order[driver.queue.cursor].name!r}"
                 )
         lines.append(self.chain().text)
         return "\n".join(lines)
