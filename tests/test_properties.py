@@ -88,8 +88,8 @@ def live(plan: af.Plan, feeds: list[dict]) -> list[dict]:
     return [{k: v for k, v in f.items() if k in names} for f in feeds]
 
 
-def run_traced(plan: af.Plan, feeds: list[dict], *, stall_timeout: float = 20.0):
-    with af.Session(plan, trace=True, stall_timeout=stall_timeout) as s:
+def run_traced(plan: af.Plan, feeds: list[dict], *, stall_timeout: float = 20.0, order="replay"):
+    with af.Session(plan, trace=True, stall_timeout=stall_timeout, order=order) as s:
         outs = s.run(live(plan, feeds))
         stats = s.register_stats()
         spans = s.recorder.kernels()
@@ -233,7 +233,9 @@ def test_random_micro_batched_training_matches_numpy(data):
 def test_slow_consumer_makes_producers_use_every_credit(q):
     """cpu:0 produces, cpu:1 copies and consumes; the consumer holds its first buffer until
     the producer has run as often as its credits allow (2q times: q buffers held by the
-    copy, q by itself). Both registers then hold exactly q buffers, never more."""
+    copy, q by itself). Both registers then hold exactly q buffers, never more. (Decided
+    as the run goes: a replayed order would have the producer's stream wait for the
+    copy's credit, in its place, before the producer's next act.)"""
     with af.Graph() as g:
         x = af.placeholder("x", shape=(4, 4), dtype="float32", device="cpu:0")
         p = af.ops.call(gs.counting, af.ops.relu(x), shape=(4, 4), name="p")
@@ -245,7 +247,7 @@ def test_slow_consumer_makes_producers_use_every_credit(q):
     n = 2 * q + 2
     feeds = [{"x": np.full((4, 4), i, np.float32)} for i in range(n)]
     gs.reset_gate(target=2 * q)
-    outs, stats, spans = run_traced(plan, feeds, stall_timeout=30)
+    outs, stats, spans = run_traced(plan, feeds, stall_timeout=30, order="dynamic")
 
     assert not gs.GATE["timed_out"], "the producer never got to use its credits"
     assert gs.GATE["count_at_open"] == 2 * q

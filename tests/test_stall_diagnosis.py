@@ -47,10 +47,12 @@ def starved_plan(with_fast_consumer: bool = False) -> af.Plan:
     return af.compile(g, quota=2, fuse_kernels=False)
 
 
-async def stall_message(plan: af.Plan, feeds) -> str:
+async def stall_message(plan: af.Plan, feeds, order="dynamic") -> str:
+    """The StallError's message; by default as the drivers diagnose it, actor by actor
+    (``order="dynamic"``), which is what most tests here look at."""
     release.clear()
     with trio.fail_after(10):
-        async with af.Runtime(plan, stall_timeout=0.3) as rt:
+        async with af.Runtime(plan, stall_timeout=0.3, order=order) as rt:
             try:
                 with pytest.raises(af.StallError) as info:
                     await rt.run(feeds)
@@ -132,6 +134,17 @@ async def test_chain_of_a_hanging_kernel_ends_at_it():
     assert chain == ["h", "cp", "sloth"]
     assert end == "which waits on nothing: its stream cpu:1/compute is running 'sloth' (iteration 0)"
     assert "  h on cpu:0/compute, iteration 4: no credit on output 'h' (all 2 held by 'cp')" in message
+
+
+async def test_a_replayed_stall_chain_ends_at_the_hanging_kernel():
+    """Replayed, the chain goes from stream to stream: each one's next act, waiting on
+    another stream's, to the kernel everything waits on."""
+    message = await stall_message(starved_plan(), X6, order="replay")
+    assert "Streams, replaying their order:" in message
+    assert "  stream cpu:1/compute is still running 'sloth' (act 0)" in message
+    chain, end = chain_of(message)
+    assert chain[-1] == "sloth" and len(chain) >= 2
+    assert end == "which waits on nothing: its stream cpu:1/compute is running 'sloth' (act 0)"
 
 
 async def test_credit_starvation_chain_passes_through_the_consumer_holding_the_credit():

@@ -27,7 +27,7 @@ from .device import CpuStream, Fence, Stream
 from .launching import LaunchQueue, can_act
 from .protocol import Act
 from .transport import CommExecutor, Transport
-from .wiring import Member, Unit
+from .wiring import Member, Unit, arrays
 
 
 class Ready(NamedTuple):
@@ -222,24 +222,8 @@ class Driver:
             self._log.attempt(self.name, unit, can_act(unit))
 
     def _launch(self, unit: Unit) -> None:
-        ins: list = []
-        outs: list = []
-        acts = []
-        for m in unit.members:
-            act = m.state.take()
-            acts.append(act)
-            ready = act.inputs
-            for spec in m.inputs:
-                param = spec.param
-                if param is not None:
-                    ins.append(param)
-                elif not spec.control and (index := ready[spec.slot]) is not None:
-                    ins.append(spec.buffers[index])  # type: ignore[index]
-            for output, index in zip(m.outputs, act.outputs):
-                if not output.control:
-                    outs.append(output.buffers[index])
-            if m.phases > 1:
-                ins.append(act.number % m.phases)
+        acts = [m.state.take() for m in unit.members]
+        ins, outs = arrays(unit, acts)
         if unit.feed is not None:
             ins.append(self.host.feed_value(unit.feed, acts[0].number))
         self.acted += 1

@@ -49,6 +49,8 @@ class Act(NamedTuple):
     """The input slots whose register it is the last to read: freed when it ends."""
     publishes: Sequence[int]
     """The outputs it hands on when it ends, to the consumers of ``call``."""
+    takes: Sequence[int]
+    """The outputs whose buffer it took a credit for (the first write of a period)."""
     call: int
     """Which call of a reused communication subgraph it is (0 for every other actor)."""
 
@@ -172,7 +174,7 @@ class ActorProtocol:
                     pool.append(index)
                 outs.append(index)
             ins: list[int | None] = [q.popleft() for q in self.ready]
-            return Act(number, ins, outs, self._all_inputs, self._all_outputs, 0)
+            return Act(number, ins, outs, self._all_inputs, self._all_outputs, self._all_outputs, 0)
         call = number % self.calls
         releases: list[int] = []
         if self.calls > 1:
@@ -189,9 +191,11 @@ class ActorProtocol:
                 ins.append(self.current_in[k])
         outs = []
         publishes: list[int] = []
+        takes: list[int] = []
         for k, pool in enumerate(self.free):
             period = self.periods[k]
             if number % period == 0:
+                takes.append(k)
                 index = self.current_out[k] = pool.popleft()
                 held = self.quotas[k] - len(pool)
                 if held > self.max_held[k]:
@@ -206,7 +210,7 @@ class ActorProtocol:
                 else:
                     pool.append(index)
             outs.append(index)
-        return Act(number, ins, outs, releases, publishes, call)
+        return Act(number, ins, outs, releases, publishes, takes, call)
 
     # -- messages -----------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import trio
@@ -42,10 +42,13 @@ from .driver import Driver, Start
 from .feeds import CheckedFeeds, FeedCheck, Feeds
 from .logical import assemble
 from .protocol import Act, act_text, last_micro_batch
+from .replay import Replay, replayable, schedule
 from .spans import SpanMaker
 from .stall import Watchdog
 from .transport import Transport
 from .wiring import Unit, Wiring, wire
+
+Order = Literal["replay", "dynamic"]
 
 
 class Runtime:
@@ -54,7 +57,10 @@ class Runtime:
     trace: record a span per kernel (see ``recorder``); trace_iterations: only these
     iterations (steps), to keep long runs' traces small; trace_limit: the most spans held
     (the latest whole iterations; None: no bound); stall_timeout: seconds without
-    any actor acting before the run fails with a StallError that says who waits on what.
+    any actor acting before the run fails with a StallError that says who waits on what;
+    order: "replay" (the default) runs each stream in the order a simulated run decided
+    once (``replay``), where the plan allows it; "dynamic" decides every act as the run
+    goes (``driver``), which adapts to kernels whose times vary, at a higher host cost.
     The ``ACTORFLOW_DEBUG`` environment variable is read here (see ``debug``).
     """
 
@@ -66,9 +72,13 @@ class Runtime:
         trace_iterations: Collection[int] | None = None,
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
+        order: Order = "replay",
     ) -> None:
         if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
             raise ValueError(f"stall_timeout is a number of seconds > 0, not {stall_timeout!r}")
+        if order not in ("replay", "dynamic"):
+            raise ValueError(f"order is 'replay' or 'dynamic', not {order!r}")
+        self.order = order
         self.plan = plan
         self.stall_timeout = stall_timeout
         self._state = "new"
@@ -79,7 +89,8 @@ class Runtime:
         # None unless ACTORFLOW_DEBUG=actors: the drivers check it once per act attempt.
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
-        self._drivers: dict[int, Driver] = {}  # by plan stream id
+        self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
+        self._replay: Replay | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._results: list[dict[str, np.ndarray]] = []
@@ -114,6 +125,8 @@ class Runtime:
             self._nursery.start_soon(watchdog.watch, lambda: self.failed, self.fail)
             for driver in self._drivers.values():
                 driver.start()
+            if self._replay is not None:
+                self._replay.start()
         except BaseException:
             self._state = "closed"
             if self._nursery is not None:
@@ -144,16 +157,23 @@ class Runtime:
         transport = self._transport
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
         wiring = self._wiring = wire(plan, self.rank, across)
-        for s in wiring.streams:
-            comm = transport if s.stream.kind == "comm" else None
-            self._drivers[s.stream.id] = Driver(
-                self, s.stream.name, s.units, s.order, comm, self.recorder.enabled, self._actor_log
-            )
-        for driver in self._drivers.values():
-            driver.peers = self._drivers
+        replay = self.order == "replay" and self._actor_log is None and replayable(plan) is None
+        program = schedule(plan, self.rank) if replay else None
+        if program is not None:
+            self._replay = Replay(plan, wiring, program, self, self.recorder.enabled)
+        else:
+            for s in wiring.streams:
+                comm = transport if s.stream.kind == "comm" else None
+                self._drivers[s.stream.id] = Driver(
+                    self, s.stream.name, s.units, s.order, comm, self.recorder.enabled, self._actor_log
+                )
+            for driver in self._drivers.values():
+                driver.peers = self._drivers
         if self.recorder.enabled:
             self._spans = SpanMaker(plan, self.rank)
-        self._watchdog = Watchdog(plan, wiring.members, self._drivers, self.stall_timeout, self._transport)
+        self._watchdog = Watchdog(
+            plan, wiring.members, self._drivers, self.stall_timeout, self._transport, self._replay
+        )
         return self._watchdog
 
     # -- running -------------------------------------------------------------------
@@ -186,14 +206,17 @@ class Runtime:
                 self._feeds[self._base + k] = f
             self._results = [{} for _ in arrays]
             self._done = trio.Event()
+            replay = self._replay
             self._remaining = sum(
                 any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()
-            )
+            ) + (replay.busy() if replay is not None else 0)
             watchdog.running = True
             if not self._remaining:
                 self._done.set()
             for driver in self._drivers.values():
                 driver.post(Start(len(arrays)))
+            if replay is not None:
+                replay.run(len(arrays) // self.plan.micro_batches)
             try:
                 await self._done.wait()
             except BaseException:
@@ -283,6 +306,8 @@ class Runtime:
                 sys.stderr.flush()
         for driver in self._drivers.values():
             driver.close()
+        if self._replay is not None:
+            self._replay.close()
         self._done.set()
 
     @property
@@ -296,10 +321,14 @@ class Runtime:
     def _stop_threads(self, grace: float = 10.0) -> None:
         for driver in self._drivers.values():
             driver.close()
+        if self._replay is not None:
+            self._replay.close()
         if self._transport is not None:
             self._transport.close()
         deadline = time.monotonic() + grace
         threads = list(dict.fromkeys(d.thread for d in self._drivers.values()))
+        if self._replay is not None:
+            threads += [s.thread for s in self._replay.streams if s.thread.is_alive() or s.thread.ident]
         if self._transport is not None and self._transport.thread not in threads:
             threads.append(self._transport.thread)
         for thread in threads:
@@ -339,16 +368,19 @@ class Runtime:
         """Per actor (by name), the stream thread that runs it: its own stream's, or for a
         small move within the process its partner's (see ``_host_moves``)."""
         assert self._wiring is not None, "an open Runtime is wired"
-        return {m.actor.name: self._drivers[m.unit.stream].name for m in self._wiring.members.values()}
+        names = {s.stream.id: s.stream.name for s in self._wiring.streams}
+        return {m.actor.name: names[m.unit.stream] for m in self._wiring.members.values()}
 
     def register_stats(self) -> dict[str, dict[str, int]]:
         """Per register: its quota and the most buffers held at once (taken, not yet freed)."""
         assert self._wiring is not None, "an open Runtime is wired"
+        peaks = self._replay.peaks if self._replay is not None else {}
         stats = {}
         for member in self._wiring.members.values():
             for k, o in enumerate(member.actor.outputs):
                 reg = self.plan.registers[o]
-                stats[reg.name] = {"quota": reg.quota, "max_held": member.state.max_held[k]}
+                held = peaks.get((member.actor.id, k), 0) if self._replay else member.state.max_held[k]
+                stats[reg.name] = {"quota": reg.quota, "max_held": held}
         return stats
 
 

@@ -16,7 +16,7 @@ import trio
 from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
-from .runtime import Feeds, Runtime
+from .runtime import Feeds, Order, Runtime
 
 
 def run(
@@ -27,6 +27,7 @@ def run(
     trace_iterations: Collection[int] | None = None,
     trace_limit: int | None = TRACE_LIMIT,
     stall_timeout: float = 60.0,
+    order: Order = "replay",
 ) -> Any:
     """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome
     trace there (of ``trace_iterations`` only, if given; of the latest iterations whose
@@ -37,6 +38,7 @@ def run(
         trace_iterations=trace_iterations,
         trace_limit=trace_limit,
         stall_timeout=stall_timeout,
+        order=order,
     )
     checked = rt.check(feeds)
 
@@ -65,6 +67,7 @@ class Session:
         trace_iterations: Collection[int] | None = None,
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
+        order: Order = "replay",
     ) -> None:
         self._runtime = Runtime(
             plan,
@@ -72,6 +75,7 @@ class Session:
             trace_iterations=trace_iterations,
             trace_limit=trace_limit,
             stall_timeout=stall_timeout,
+            order=order,
         )
         self._blas = contextlib.ExitStack()
         self._blas.enter_context(single_threaded_blas())

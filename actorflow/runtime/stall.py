@@ -17,6 +17,7 @@ from ..plan import Plan, transfer_peers
 from .debug import lacking
 from .driver import Driver
 from .protocol import act_text
+from .replay import Replay
 from .transport import QUERY, REPLY, Transport
 from .wiring import Member
 
@@ -226,8 +227,10 @@ class Watchdog:
         drivers: Mapping[int, Driver],
         timeout: float,
         transport: Transport | None,
+        replay: Replay | None = None,
     ) -> None:
         self.plan = plan
+        self.replay = replay
         self.members = members
         self.drivers = drivers
         self.timeout = timeout
@@ -245,6 +248,8 @@ class Watchdog:
     @property
     def progress(self) -> int:
         """Launches and completions so far."""
+        if self.replay is not None:
+            return self.replay.progress
         return sum(d.acted for d in self.drivers.values())
 
     async def watch(self, failed: Callable[[], bool], fail: Callable[[BaseException], None]) -> None:
@@ -265,10 +270,13 @@ class Watchdog:
         """Every actor with acts left and what it lacks, what each stream is doing, and the
         wait-for chain from a waiting actor to the one everything waits on."""
         plan = self.plan
-        lines = [
+        head = (
             f"no actor acted for {idle:.1f} s (stall_timeout={self.timeout} s); "
-            f"the run has {self.iterations - self.base} iterations. Waiting actors:"
-        ]
+            f"the run has {self.iterations - self.base} iterations."
+        )
+        if self.replay is not None:
+            return "\n".join([f"{head} Streams, replaying their order:", *self.replay.report()])
+        lines = [f"{head} Waiting actors:"]
         for member in self.members.values():
             actor, state = member.actor, member.state
             if state.acts_left == 0:

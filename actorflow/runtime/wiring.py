@@ -18,7 +18,7 @@ import numpy as np
 
 from ..collector import cyclic_gc_paused
 from ..plan import Actor, Collective, Input, Plan, Stream
-from .protocol import ActorProtocol
+from .protocol import Act, ActorProtocol
 
 HOSTED_MOVE_BYTES = 1 << 18  # copied in about the time it takes to wake a thread
 HOSTED_PRIORITY = -1  # ahead of every priority the compiler gives
@@ -120,6 +120,27 @@ class Unit:
         return self.members[0].actor
 
 
+def arrays(unit: Unit, acts: list[Act]) -> tuple[list, list]:
+    """What the kernel of ``unit`` reads and writes for ``acts`` (one per member): its
+    inputs (parameters, the buffers the acts read, an accumulate's phase) and its output
+    buffers, control registers left out; a feed's value is the caller's to add."""
+    ins: list = []
+    outs: list = []
+    for m, act in zip(unit.members, acts):
+        ready = act.inputs
+        for spec in m.inputs:
+            if spec.param is not None:
+                ins.append(spec.param)
+            elif not spec.control and (index := ready[spec.slot]) is not None:
+                ins.append(spec.buffers[index])  # type: ignore[index]
+        for output, index in zip(m.outputs, act.outputs):
+            if not output.control:
+                outs.append(output.buffers[index])
+        if m.phases > 1:
+            ins.append(act.number % m.phases)
+    return ins, outs
+
+
 @attrs.frozen
 class StreamWiring:
     """One stream of this rank: its units, and for a collective stream the order they
@@ -147,11 +168,12 @@ Across = Callable[[Collective], Callable]
 
 
 @cyclic_gc_paused()
-def wire(plan: Plan, rank: int, across: Across | None = None) -> Wiring:
-    """Everything ``rank`` runs of ``plan``, wired (see the module's docstring)."""
+def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = True) -> Wiring:
+    """Everything ``rank`` runs of ``plan``, wired (see the module's docstring).
+    ``allocate=False``: no buffers, only their places (None), for a simulated run."""
     local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
     mine = {a.id for a in local}
-    buffers = _allocate(plan, rank, local)
+    buffers = _allocate(plan, rank, local, allocate)
     slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
     output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
     members = {a.id: _member(plan, a, slots[a.id]) for a in local}
@@ -227,12 +249,14 @@ def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
     return order
 
 
-def _allocate(plan: Plan, rank: int, local: list[Actor]) -> list[list[np.ndarray]]:
+def _allocate(plan: Plan, rank: int, local: list[Actor], allocate: bool) -> list[list[Any]]:
     """Every register buffer this rank holds or reads, allocated once: its quota of
     buffers, or a parameter's one, holding its initial value."""
     held = {r.id for r in plan.registers if plan.rank_of(r.device) == rank}
     held |= {i.register for a in local for i in a.inputs}
     initial = {p.register: p.value for p in plan.parameters}
+    if not allocate:
+        return [[None] * (1 if r.id in initial else r.quota) if r.id in held else [] for r in plan.registers]
     return [
         []
         if r.id not in held

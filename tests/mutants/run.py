@@ -74,8 +74,8 @@ MUTANTS = [
         "uniform-releases-nothing",
         "an act of the common case releases none of its inputs",
         PROTOCOL,
-        "            return Act(number, ins, outs, self._all_inputs, self._all_outputs, 0)",
-        "            return Act(number, ins, outs, (), self._all_outputs, 0)",
+        "            return Act(number, ins, outs, self._all_inputs, self._all_outputs, self._all_outputs, 0)",
+        "            return Act(number, ins, outs, (), self._all_outputs, self._all_outputs, 0)",
     ),
     Mutant(
         "free-before-kernel",

@@ -1,0 +1,504 @@
+"""Replay: the protocol runs once, ahead of time, on a virtual clock, and each stream
+then replays the order it decided ("thick compile, thin runtime", as MindSpore's
+execution order, DeepSpeed's pipe instructions, Ray Compiled Graphs' schedules and
+torch pipelining's action lists do).
+
+``schedule`` simulates a few steps of a Plan with the very protocol, wiring and launch
+choice the stream threads' drivers use (``protocol``, ``wiring``, ``launching``), every
+act taking one tick, and records for each act what it waited on: the producer acts
+whose "ready" it took, the consumer acts whose "free" gave it its buffer. The steps of
+the simulation repeat (every ``period`` steps, the same acts in the same order on each
+stream, with the same buffers): one period becomes each stream's program. A dependency
+on another stream becomes a wait on that stream's count of finished instructions, like
+a CUDA stream waiting on an event another recorded; on its own stream, order implies it.
+
+``ReplayStream`` runs one stream's program on its own thread, step after step: wait on
+the other streams' counts, call the kernel, count, and wake the streams that wait on
+this instruction (each has an inbox of wake-ups, a ``SimpleQueue``: a wake-up only says
+"look at the counts again"). No message, no heap, no protocol call per act: what is
+left per act is the kernel, its waits and the count of buffers held.
+
+Plans the simulation can't turn into such a program run on the drivers instead
+(``replayable`` says why).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import queue
+import threading
+import time
+from collections import defaultdict
+from typing import NamedTuple
+
+import attrs
+
+from ..plan import Plan
+from .driver import Host
+from .launching import LaunchQueue
+from .protocol import Act
+from .wiring import Unit, Wiring, arrays, wire
+
+MAX_PERIOD = 16
+"""Steps within which a schedule must repeat to be replayed."""
+
+
+def replayable(plan: Plan) -> str | None:
+    """Why ``plan`` runs on the drivers instead, or None if it can be replayed."""
+    if plan.world > 1:
+        return "it spans ranks"
+    if not plan.overlap:
+        return "collectives hold their compute streams (overlap off)"
+    if any(a.calls > 1 for a in plan.actors):
+        return "it reuses communication subgraphs"
+    return None
+
+
+class Entry:
+    """One act of the simulation: its unit's act per member, its stream (index), step and
+    place in that stream's step, and the acts it waited on."""
+
+    __slots__ = ("unit", "acts", "stream", "step", "offset", "place", "deps")
+
+    def __init__(self, unit: Unit, acts: list[Act], stream: int, step: int, offset: int) -> None:
+        self.unit = unit
+        self.acts = acts
+        self.stream = stream
+        self.step = step
+        self.offset = offset  # the unit's act within the step
+        self.place = -1
+        self.deps: list[Entry] = []
+
+    def key(self) -> tuple:
+        """What must repeat from one period to the next."""
+        return (self.unit.id, self.offset, *((tuple(a.inputs), tuple(a.outputs)) for a in self.acts))
+
+
+def simulate(plan: Plan, rank: int, steps: int) -> list[list[Entry]] | None:
+    """Run ``steps`` steps of ``plan``'s actors on ``rank`` on a virtual clock, one tick
+    an act; the acts each stream ran, in order (None if some actor never got to act)."""
+    wiring = wire(plan, rank, allocate=False)
+    m = plan.micro_batches
+    index = {s.stream.id: k for k, s in enumerate(wiring.streams)}
+    queues = [LaunchQueue(s.units, s.order) for s in wiring.streams]
+    per_step = {u.id: u.members[0].acts(m) for u in wiring.units}
+    ready_from: dict[tuple[int, int, int], Entry] = {}
+    freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
+    for unit in wiring.units:
+        for member in unit.members:
+            member.state.start(member.acts(steps * m))
+        queues[index[unit.stream]].dirty(unit)
+    ran: list[list[Entry]] = [[] for _ in queues]
+    busy = [False] * len(queues)
+    ends: list[tuple[int, int, Entry]] = []  # (tick, order, entry)
+
+    def launch(k: int, now: int) -> None:
+        unit = queues[k].pop()
+        if unit is None:
+            return
+        acts = [m.state.take() for m in unit.members]
+        queues[k].requeue(unit)
+        number = acts[0].number
+        entry = Entry(unit, acts, k, number // per_step[unit.id], number % per_step[unit.id])
+        for member, act in zip(unit.members, acts):
+            actor = member.actor.id
+            for slot, buffer in enumerate(act.inputs):
+                if buffer is not None:
+                    entry.deps.append(ready_from[(actor, slot, buffer)])
+            for out in act.takes:
+                entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
+        ran[k].append(entry)
+        busy[k] = True
+        heapq.heappush(ends, (now + 1, len(ran[k]) + k * 1_000_000_000, entry))
+
+    def end(entry: Entry) -> None:
+        for member, act in zip(entry.unit.members, entry.acts):
+            for slot in act.releases:
+                spec = member.fed[slot]
+                producer = spec.producer
+                assert producer is not None, "a fed input has a producer"
+                buffer = act.inputs[slot]
+                assert buffer is not None, "an act releases what it read"
+                freed_by[(producer.actor.id, spec.out, buffer)].append(entry)
+                if producer.state.on_free(spec.out, buffer):
+                    queues[index[producer.unit.stream]].dirty(producer.unit)
+            for out in act.publishes:
+                buffer = act.outputs[out]
+                for consumer, slot in member.outputs[out].by_call[act.call]:
+                    consumer.state.on_ready(slot, buffer)
+                    ready_from[(consumer.actor.id, slot, buffer)] = entry
+                    queues[index[consumer.unit.stream]].dirty(consumer.unit)
+            member.state.complete()
+        busy[entry.stream] = False
+
+    for k in range(len(queues)):
+        launch(k, 0)
+    while ends:
+        now = ends[0][0]
+        while ends and ends[0][0] == now:
+            end(heapq.heappop(ends)[2])
+        for k in range(len(queues)):
+            if not busy[k]:
+                launch(k, now)
+    if any(m.state.acts_left for m in wiring.members.values()):
+        return None  # it stalls: the drivers will say where, when it does
+    return ran
+
+
+@attrs.frozen
+class Program:
+    """Per stream, one block of instructions: the acts the stream runs in ``period``
+    steps, in the simulation's order, which repeats block after block with every act's
+    step advanced by ``period``. ``blocks[k][j]``: the simulation's act at place j of
+    stream k's block 0 (its ``step`` is the one block 0 runs it for); ``waits[k][j]``:
+    (stream, c): "that stream has finished c instructions of this block's counterpart
+    there" (c counts from its block 0's start, and may point into earlier blocks);
+    ``wakes[k][j]``: the streams that wait on instruction j of stream k."""
+
+    period: int
+    blocks: list[list[Entry]]
+    waits: list[list[tuple[tuple[int, int], ...]]]
+    wakes: list[list[tuple[int, ...]]]
+
+    def span(self, k: int, steps: int) -> range:
+        """The blocks of stream k a run of ``steps`` steps runs (some of their acts,
+        at the edges, fall outside the run and are skipped)."""
+        block = self.blocks[k]
+        if not block:
+            return range(0)
+        lo, hi = min(e.step for e in block), max(e.step for e in block)
+        return range(-(hi // self.period), (steps - 1 - lo) // self.period + 1)
+
+
+def schedule(plan: Plan, rank: int) -> Program | None:
+    """The streams' program for ``plan`` on ``rank``, or None where its simulation does not
+    settle into a repeating order (within ``MAX_PERIOD`` steps a period)."""
+    quotas = [r.quota for r in plan.registers if not r.is_parameter] or [1]
+    period = math.lcm(*quotas, *(plan.phases(a) for a in plan.actors))
+    if period > MAX_PERIOD:
+        return None
+    total = 4 * period + 6
+    ran = simulate(plan, rank, total)
+    if ran is None:
+        return None
+    starts = []
+    for entries in ran:
+        sizes = len(entries) // total  # acts a step
+        size = sizes * period
+        start = (2 * period + 2) * sizes
+        for i in range(start - 2 * size, start + size):
+            here, there = entries[i], entries[i + size]
+            if here.key() != there.key() or there.step != here.step + period:
+                return None
+        for i, entry in enumerate(entries):
+            entry.place = i - start
+        starts.append((start, size))
+    blocks = [entries[start : start + size] for entries, (start, size) in zip(ran, starts)]
+    waits: list[list[tuple[tuple[int, int], ...]]] = []
+    wakes: list[list[set[int]]] = [[set() for _ in block] for block in blocks]
+    for k, block in enumerate(blocks):
+        waits.append([])
+        for entry in block:
+            need: dict[int, tuple[int, Entry]] = {}
+            for dep in entry.deps:
+                if dep.stream == k:
+                    continue
+                if dep.place < -2 * starts[dep.stream][1]:
+                    return None  # it waits further back than the order was checked
+                c = dep.place + 1
+                if dep.stream not in need or c > need[dep.stream][0]:
+                    need[dep.stream] = (c, dep)
+            for stream, (_, dep) in need.items():
+                wakes[stream][dep.place % starts[stream][1]].add(k)
+            waits[k].append(tuple((s, c) for s, (c, _) in sorted(need.items())))
+    return Program(period, blocks, waits, [[tuple(sorted(w)) for w in block] for block in wakes])
+
+
+class Special:
+    """What an instruction does besides its kernel: read a feed, hand its result to the
+    host (a fetch, or a traced span). Its act number in a run whose first step is
+    ``first``, in block b: (first + b * period + step) * per_step + offset."""
+
+    __slots__ = ("unit", "per_step", "offset", "step", "feed", "report", "acts")
+
+    def __init__(self, unit: Unit, entry: Entry, per_step: int, recording: bool) -> None:
+        self.unit = unit
+        self.per_step = per_step
+        self.offset = entry.offset
+        self.step = entry.step
+        self.feed = unit.feed
+        self.report = recording or unit.fetch is not None
+        self.acts = entry.acts
+
+
+class Replay:
+    """Every stream of a replayed plan: its thread, its instructions, the counts they
+    wait on, and the buffers held per register (``peaks``)."""
+
+    def __init__(self, plan: Plan, wiring: Wiring, program: Program, host: Host, recording: bool) -> None:
+        self.plan = plan
+        self.host = host
+        self.program = program
+        self.sizes = [len(block) for block in program.blocks]
+        self.counts = [0] * len(self.sizes)
+        """Per stream: instructions finished (or skipped) since the runtime opened."""
+        self.marks: list[int] = []
+        """Per output with consumers, the buffers it took; per input, the ones it released."""
+        self.peaks: dict[tuple[int, int], int] = {}
+        """(actor id, output) -> the most buffers held at once."""
+        self.inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self.sizes]
+        self.closed = False
+        self.steps = 0
+        """Steps run since the runtime opened."""
+        taken, released, released_by = self._held_slots(wiring)
+        puts = [inbox.put for inbox in self.inboxes]
+        m = plan.micro_batches
+        self.streams: list[ReplayStream] = []
+        for k, s in enumerate(wiring.streams):
+            instructions = []
+            acts = []
+            for j, entry in enumerate(program.blocks[k]):
+                unit = wiring.units[entry.unit.id]  # the real unit of the simulated one
+                per_step = unit.members[0].acts(m)
+                acts.append((unit, per_step, entry))
+                ins, outs = arrays(unit, entry.acts)
+                special = None
+                if unit.feed is not None or unit.fetch is not None or recording:
+                    special = Special(unit, entry, per_step, recording)
+                takes = []
+                frees: list[int] = []
+                for member, act in zip(unit.members, entry.acts):
+                    for out in act.takes:
+                        key = (member.actor.id, out)
+                        self.peaks.setdefault(key, 0)
+                        if key in taken:
+                            slots = released[key]
+                            takes.append((taken[key], slots[0] if len(slots) == 1 else tuple(slots), key))
+                        else:  # nobody reads it: one buffer, free again after its last write
+                            self.peaks[key] = 1
+                    frees.extend(released_by[(member.actor.id, slot)] for slot in act.releases)
+                instructions.append(
+                    (
+                        unit.kernel,
+                        ins,
+                        outs,
+                        program.waits[k][j],
+                        tuple(puts[w] for w in program.wakes[k][j]),
+                        special,
+                        tuple(takes),
+                        tuple(frees),
+                        entry.step,
+                    )
+                )
+            self.streams.append(ReplayStream(self, k, s.stream.name, instructions, acts))
+
+    def _held_slots(self, wiring: Wiring) -> tuple[dict, dict, dict]:
+        """Places in ``marks``: per output with consumers, its count of buffers taken, and
+        the counts of its consumers' inputs released (each written by one thread)."""
+        taken: dict[tuple[int, int], int] = {}
+        released: dict[tuple[int, int], list[int]] = {}
+        released_by: dict[tuple[int, int], int] = {}
+        for member in wiring.members.values():
+            for k, output in enumerate(member.outputs):
+                if not output.consumers:
+                    continue
+                taken[(member.actor.id, k)] = len(self.marks)
+                self.marks.append(0)
+                released[(member.actor.id, k)] = []
+                for consumer, slot in output.consumers:
+                    released_by[(consumer.actor.id, slot)] = len(self.marks)
+                    released[(member.actor.id, k)].append(len(self.marks))
+                    self.marks.append(0)
+        return taken, released, released_by
+
+    def start(self) -> None:
+        for stream in self.streams:
+            stream.thread.start()
+
+    def busy(self) -> int:
+        """How many streams have work in a run (each tells ``Host.stream_finished``)."""
+        return sum(1 for n in self.sizes if n)
+
+    def run(self, steps: int) -> None:
+        """Start a run of ``steps`` steps on every stream that has work."""
+        spans = [self.program.span(k, steps) for k in range(len(self.sizes))]
+        bases = list(self.counts)
+        first = self.steps
+        self.steps += steps
+        for stream in self.streams:
+            if self.sizes[stream.index]:
+                stream.commands.put(Run(steps, first, bases, [s.start for s in spans], spans[stream.index]))
+
+    def close(self) -> None:
+        """Stop every stream after its kernel in progress; wakes each wherever it waits."""
+        self.closed = True
+        for stream in self.streams:
+            stream.commands.put(None)
+            self.inboxes[stream.index].put(None)
+
+    @property
+    def progress(self) -> int:
+        return sum(self.counts)
+
+    def report(self) -> list[str]:
+        """What each stream is doing (running a kernel, or waiting on another stream's),
+        and the wait-for chain from the first waiting stream to the kernel everything
+        waits on."""
+        return [f"  stream {stream.name} {stream.doing()}" for stream in self.streams] + [self.chain()]
+
+    def chain(self) -> str:
+        """``wait-for chain: a -> b -> c, which waits on nothing: ...``: from the next act of
+        the first waiting stream, to the act it waits for, to what that one's stream is
+        doing, and so on."""
+        stream = next((s for s in self.streams if s.waiting is not None), None)
+        if stream is None:
+            stream = next((s for s in self.streams if s.head() is not None), None)
+            if stream is None:
+                return "wait-for chain: none: no stream waits and none is running a kernel"
+        names: list[str] = []
+        seen: set[int] = set()
+        while True:
+            head = stream.head()
+            assert head is not None, "a waiting or running stream has its next act"
+            names.append(head[0].name)
+            if stream.index in seen:
+                return "wait-for chain: " + " -> ".join(names) + " (a cycle)"
+            seen.add(stream.index)
+            if stream.waiting is None:
+                unit, number = head
+                return (
+                    "wait-for chain: " + " -> ".join(names) + ", which waits on nothing: "
+                    f"its stream {stream.name} is running {unit.name!r} (act {number})"
+                )
+            stream = self.streams[stream.waiting[0]]
+
+
+class Run(NamedTuple):
+    """A run, as each stream is handed it: its steps, the first one's number since the
+    runtime opened, every stream's count and first block when it began, and this
+    stream's blocks."""
+
+    steps: int
+    first: int
+    bases: list[int]
+    starts: list[int]
+    blocks: range
+
+
+class ReplayStream:
+    """One stream's thread, replaying its block of ``instructions`` for each run it is
+    handed; ``acts``: for each, its unit, the unit's acts a step and the simulated act."""
+
+    def __init__(
+        self,
+        replay: Replay,
+        index: int,
+        name: str,
+        instructions: list[tuple],
+        acts: list[tuple[Unit, int, Entry]],
+    ) -> None:
+        self.replay = replay
+        self.index = index
+        self.name = name
+        self.instructions = instructions
+        self.acts = acts
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.current = Run(0, 0, [0] * len(replay.sizes), [0] * len(replay.sizes), range(0))
+        self.waiting: tuple[int, int] | None = None
+        """(stream, count) it waits for, while it waits."""
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+
+    def _serve(self) -> None:
+        replay = self.replay
+        while (run := self.commands.get()) is not None and not replay.closed:
+            self.current = run
+            try:
+                self._run(run)
+            except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
+                unit, number = self._act(self, replay.counts[self.index])
+                replay.host.fail_kernel_soon(exc, unit, number)
+                return
+            if replay.closed:
+                return
+            replay.host.stream_finished()
+
+    def _run(self, run: Run) -> None:
+        replay = self.replay
+        counts, marks, peaks, inbox = replay.counts, replay.marks, replay.peaks, replay.inboxes[self.index]
+        host, sizes, me, period = replay.host, replay.sizes, self.index, replay.program.period
+        steps, bases, starts = run.steps, run.bases, run.starts
+        clock = time.perf_counter
+        done = counts[me]
+        for block in run.blocks:
+            at = [b + (block - start) * n for b, start, n in zip(bases, starts, sizes)]
+            shift = block * period
+            for kernel, ins, outs, waits, wakes, special, takes, frees, step in self.instructions:
+                if not 0 <= step + shift < steps:  # an act of a step outside this run
+                    done += 1
+                    counts[me] = done
+                    for wake in wakes:
+                        wake(None)
+                    continue
+                for s, c in waits:
+                    if counts[s] < at[s] + c:
+                        self.waiting = (s, at[s] + c)
+                        while counts[s] < at[s] + c:
+                            inbox.get()
+                            if replay.closed:
+                                return
+                        self.waiting = None
+                for slot, read, key in takes:
+                    n = marks[slot] + 1
+                    marks[slot] = n
+                    held = n - (marks[read] if read.__class__ is int else min([marks[r] for r in read]))
+                    if held > peaks[key]:
+                        peaks[key] = held
+                if special is None:
+                    kernel(ins, outs)
+                else:
+                    number = (run.first + shift + step) * special.per_step + special.offset
+                    args = ins if special.feed is None else [*ins, host.feed_value(special.feed, number)]
+                    if special.report:
+                        start = clock()
+                        result = kernel(args, outs)
+                        host.completed(special.unit, number, result, start, clock(), special.acts)
+                    else:
+                        kernel(args, outs)
+                for f in frees:
+                    marks[f] += 1
+                done += 1
+                counts[me] = done
+                for wake in wakes:
+                    wake(None)
+
+    def _act(self, stream: ReplayStream, count: int) -> tuple[Unit, int]:
+        """The unit and act number of ``stream``'s instruction ``count`` (counted since the
+        runtime opened), in the current run."""
+        run = self.current
+        block, place = divmod(count - run.bases[stream.index], self.replay.sizes[stream.index])
+        unit, per_step, entry = stream.acts[place]
+        step = entry.step + (run.starts[stream.index] + block) * self.replay.program.period
+        return unit, (run.first + step) * per_step + entry.offset
+
+    def head(self) -> tuple[Unit, int] | None:
+        """The unit and act number of the instruction this stream runs or waits to run,
+        or None when it is done with the current run."""
+        replay = self.replay
+        at = replay.counts[self.index] - self.current.bases[self.index]
+        if at >= len(self.current.blocks) * replay.sizes[self.index]:
+            return None
+        return self._act(self, replay.counts[self.index])
+
+    def doing(self) -> str:
+        """For the stall report: the kernel it runs, the kernel of another stream it waits
+        for, or that it is idle."""
+        head = self.head()
+        if head is None:
+            return "is idle"
+        if self.waiting is not None:
+            stream, count = self.waiting
+            other = self.replay.streams[stream]
+            unit, number = self._act(other, count - 1)
+            return f"waits to run {head[0].name!r}: on stream {other.name}, for {unit.name!r} (act {number})"
+        return f"is still running {head[0].name!r} (act {head[1]})"
