@@ -74,6 +74,10 @@ def compile_random(data, recipe: gs.Recipe):
     return plan
 
 
+ORDERS = st.sampled_from(["replay", "dynamic"])
+"""How a run's acts are ordered (``Runtime``'s ``order``): both must compute the same."""
+
+
 def draw_case(data, recipes, most_iterations: int = 5) -> tuple[gs.Recipe, af.Plan, list]:
     """A random graph compiled by ``compile_random``, and feeds for 1 to ``most_iterations`` iterations."""
     recipe = data.draw(recipes, label="recipe")
@@ -160,7 +164,9 @@ def test_random_graphs_match_numpy(data):
     for kind in {node[0] for node in recipe.nodes}:
         event(f"op {kind}")
 
-    with af.Session(plan, stall_timeout=20) as s:
+    order = data.draw(ORDERS, label="order")
+    event(f"order {order}")
+    with af.Session(plan, stall_timeout=20, order=order) as s:
         check_outputs(recipe, feeds, s.run(live(plan, feeds)))
         # the same session again, in another order: no state leaks between runs
         check_outputs(recipe, feeds[::-1], s.run(live(plan, feeds[::-1])))
@@ -183,7 +189,7 @@ def test_quota_never_exceeded(data):
     recipe, plan, feeds = draw_case(data, gs.recipes(probe=True))
     n = len(feeds)
     gs.reset_probes()
-    outs, stats, spans = run_traced(plan, feeds)
+    outs, stats, spans = run_traced(plan, feeds, order=data.draw(ORDERS, label="order"))
     check_outputs(recipe, feeds, outs)
 
     # the runtime's own count covers every produced register
@@ -219,7 +225,7 @@ def test_random_micro_batched_training_matches_numpy(data):
     event(f"{len(recipe.stages)} stages, {recipe.micro_batches} micro-batches, {recipe.optimizer[0]}")
     batches = gs.training_batches(recipe)
     want, want_losses = gs.train_reference(recipe, batches)
-    with af.Session(plan, trace=True, stall_timeout=20) as s:
+    with af.Session(plan, trace=True, stall_timeout=20, order=data.draw(ORDERS, label="order")) as s:
         outs = s.run(gs.micro_batch_feeds(recipe, batches))
         got = s.parameters()
         spans = s.recorder.kernels()

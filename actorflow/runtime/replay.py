@@ -178,7 +178,7 @@ def schedule(plan: Plan, rank: int) -> Program | None:
     period = math.lcm(*quotas, *(plan.phases(a) for a in plan.actors))
     if period > MAX_PERIOD:
         return None
-    total = 4 * period + 6
+    total = 6 * period + 6  # a lead of up to a period at both ends, the block checked 2 back and 1 on
     ran = simulate(plan, rank, total)
     if ran is None:
         return None
@@ -186,7 +186,7 @@ def schedule(plan: Plan, rank: int) -> Program | None:
     for entries in ran:
         sizes = len(entries) // total  # acts a step
         size = sizes * period
-        start = (2 * period + 2) * sizes
+        start = (3 * period + 2) * sizes
         for i in range(start - 2 * size, start + size):
             here, there = entries[i], entries[i + size]
             if here.key() != there.key() or there.step != here.step + period:

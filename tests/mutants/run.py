@@ -40,8 +40,23 @@ class Mutant(NamedTuple):
 
 PROTOCOL = "actorflow/runtime/protocol.py"
 DRIVER = "actorflow/runtime/driver.py"
+REPLAY = "actorflow/runtime/replay.py"
 
 MUTANTS = [
+    Mutant(
+        "replay-waits-one-short",
+        "a replayed act waits for one act fewer of the stream it depends on",
+        REPLAY,
+        "                    if counts[s] < at[s] + c:",
+        "                    if counts[s] < at[s] + c - 1:",
+    ),
+    Mutant(
+        "replay-runs-past-the-end",
+        "a replayed stream runs the acts of the step after the run's last",
+        REPLAY,
+        "                if not 0 <= step + shift < steps:  # an act of a step outside this run",
+        "                if not 0 <= step + shift <= steps:",
+    ),
     Mutant(
         "releases-first-use",
         "a held register is released after its first use instead of its last",

@@ -1,0 +1,156 @@
+"""Replay (``runtime.replay``): the order a simulated run decided, replayed by each
+stream, computes what the drivers compute, on the plans it takes, for runs of any length."""
+
+from __future__ import annotations
+
+import threading
+
+import attrs
+import numpy as np
+import pytest
+
+import actorflow as af
+import graph_strategies as gs
+import userfns
+from actorflow.runtime.replay import replayable, schedule, simulate
+
+
+def chain(devices: int, quota: int) -> af.Plan:
+    with af.Graph() as g:
+        h = af.placeholder("x", (3,), "float64", "cpu:0")
+        for d in range(devices):
+            h = af.ops.to_device(h, f"cpu:{d}") if d else h
+            h = af.ops.add(af.ops.relu(h), h)
+        af.output("y", h)
+    return af.compile(g, quota=quota, fuse_kernels=False)
+
+
+def training(schedule_: str, micro_batches: int, quota: int = 2) -> tuple[gs.TrainRecipe, af.Plan]:
+    recipe = gs.TrainRecipe(
+        stages=("cpu:0", "cpu:1"),
+        layer_stage=(0, 0, 1),
+        widths=(5, 7, 6, 3),
+        bias=(True, False, True),
+        activations=("tanh", "relu", "none"),
+        loss="mse",
+        optimizer=("sgd", 0.05, 0.9),
+        micro_batches=micro_batches,
+        rows=4,
+        steps=3,
+        schedule=schedule_,
+        seed=7,
+    )
+    plan = af.compile(
+        gs.build_training(recipe),
+        quota=quota,
+        micro_batches=micro_batches,
+        stages=list(recipe.stages),
+        schedule=schedule_,
+    )
+    return recipe, plan
+
+
+def run(plan: af.Plan, feeds: list[dict], order: str, runs: int = 1):
+    with af.Session(plan, order=order, stall_timeout=20) as s:
+        outs = [s.run(feeds) for _ in range(runs)]
+        return outs, s.parameters(), s.register_stats()
+
+
+@pytest.mark.parametrize("quota", [1, 2, 3, 8])
+@pytest.mark.parametrize("iterations", [1, 2, 7])
+def test_a_replayed_chain_computes_what_the_drivers_compute(quota, iterations):
+    plan = chain(3, quota)
+    assert schedule(plan, 0) is not None
+    feeds = [{"x": np.arange(3.0) - k} for k in range(iterations)]
+    replayed, _, stats = run(plan, feeds, "replay", runs=3)
+    dynamic, _, _ = run(plan, feeds, "dynamic")
+    for outs in replayed:
+        for got, want in zip(outs, dynamic[0]):
+            np.testing.assert_array_equal(got["y"], want["y"])
+    assert all(s["max_held"] <= s["quota"] for s in stats.values())
+    assert max(s["max_held"] for s in stats.values()) >= 1
+
+
+@pytest.mark.parametrize("schedule_", ["gpipe", "1f1b", "zb1"])
+@pytest.mark.parametrize("micro_batches", [1, 2, 4])
+def test_replayed_pipelined_training_equals_the_drivers_bit_for_bit(schedule_, micro_batches):
+    recipe, plan = training(schedule_, micro_batches)
+    assert replayable(plan) is None and schedule(plan, 0) is not None
+    feeds = gs.micro_batch_feeds(recipe, gs.training_batches(recipe))
+    replayed, params, stats = run(plan, feeds, "replay")
+    dynamic, want, _ = run(plan, feeds, "dynamic")
+    assert [float(o["loss"]) for o in replayed[0]] == [float(o["loss"]) for o in dynamic[0]]
+    for name, value in want.items():
+        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    assert all(s["max_held"] <= s["quota"] for s in stats.values())
+
+
+def test_each_stream_runs_its_acts_in_the_simulated_order():
+    """The trace of a replayed run shows every stream's kernels in its block's order,
+    block after block, the acts of steps outside the run skipped."""
+    recipe, plan = training("1f1b", 4)
+    program = schedule(plan, 0)
+    assert program is not None
+    feeds = gs.micro_batch_feeds(recipe, gs.training_batches(recipe))
+    steps = len(feeds) // plan.micro_batches
+    with af.Session(plan, trace=True) as s:
+        s.run(feeds)
+        spans = s.recorder.kernels()
+    stream_of = {e.unit.name: k for k, block in enumerate(program.blocks) for e in block}
+    ran: dict[int, list] = {}
+    for span in sorted(spans, key=lambda sp: sp.start):
+        ran.setdefault(stream_of[span.name], []).append((span.name, span.args["act"]))
+    for k, block in enumerate(program.blocks):
+        want = [
+            (
+                e.unit.name,
+                (e.step + b * program.period) * e.unit.members[0].acts(plan.micro_batches) + e.offset,
+            )
+            for b in program.span(k, steps)
+            for e in block
+            if 0 <= e.step + b * program.period < steps
+        ]
+        assert ran.get(k, []) == want
+
+
+def test_a_plan_that_can_stall_is_left_to_the_drivers_which_say_where():
+    with af.Graph() as g:
+        xs = [af.placeholder(f"x{d}", (2,), "float32", f"cpu:{d}") for d in range(2)]
+        a = af.ops.all_reduce([af.ops.relu(x) for x in xs], name="ar1")
+        b = af.ops.all_reduce([af.ops.relu(y) for y in a], name="ar2")
+        for d, y in enumerate(b):
+            af.output(f"y{d}", y)
+    plan = af.compile(g)
+    bad = attrs.evolve(plan, collectives=plan.collectives[::-1])
+    assert simulate(bad, 0, 1) is None and schedule(bad, 0) is None
+    feeds = {"x0": np.ones(2, np.float32), "x1": np.ones(2, np.float32)}
+    with pytest.raises(af.StallError, match="Waiting actors"):
+        af.run(bad, feeds, stall_timeout=0.3)
+
+
+def test_what_is_not_replayed_and_why():
+    plan = chain(2, 2)
+    assert replayable(plan) is None
+    assert (
+        replayable(attrs.evolve(plan, overlap=False))
+        == "collectives hold their compute streams (overlap off)"
+    )
+    assert replayable(attrs.evolve(plan, world=2)) == "it spans ranks"
+    with pytest.raises(ValueError, match="order is 'replay' or 'dynamic'"):
+        af.Session(plan, order="fast")
+
+
+def test_a_failing_kernel_in_a_replayed_run_names_its_act_and_stops_every_stream():
+    with af.Graph() as g:
+        x = af.placeholder("x", (2,), "float64", "cpu:0")
+        h = af.ops.to_device(af.ops.relu(x), "cpu:1")
+        af.output("y", af.ops.call(userfns.fail_on_five, h, shape=(2,), dtype="float64", name="picky"))
+    plan = af.compile(g, fuse_kernels=False)
+    before = set(threading.enumerate())
+    feeds = [{"x": np.ones(2)}] * 3 + [{"x": np.full(2, 5.0)}]
+    with pytest.raises(ValueError) as info:
+        af.run(plan, feeds)
+    assert "actor 'picky'" in "".join(getattr(info.value, "__notes__", []))
+    assert "at iteration 3 of this run" in "".join(getattr(info.value, "__notes__", []))
+    left = [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert left == []
