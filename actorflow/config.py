@@ -136,7 +136,8 @@ class RuntimeConfig:
     the device resource model: max_streams, max_ops_per_stream, max_labels, and
     max_memory in bytes per device, None for what the machine has available;
     comm_reuse: communication subgraph reuse, -1 or a positive limit for on, None for
-    off, where ACTORFLOW_COMM_REUSE, when set, wins)."""
+    off, where ACTORFLOW_COMM_REUSE, when set, wins); and ``order``, the Runtime's
+    (replay each stream's simulated order, or decide every act as the run goes)."""
 
     quota: int = 2
     priority: bool = True
@@ -149,6 +150,7 @@ class RuntimeConfig:
     max_labels: int = DEFAULT_RESOURCES.max_labels
     max_memory: int | None = None
     comm_reuse: int | None = None
+    order: Literal["replay", "dynamic"] = "replay"
 
 
 @attrs.frozen(kw_only=True)

@@ -106,7 +106,12 @@ def train(
     data = dataset(config)
     plan = compile_config(config)
     losses = []
-    with Session(plan, trace=True, trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT) as session:
+    with Session(
+        plan,
+        trace=True,
+        trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT,
+        order=config.runtime.order,
+    ) as session:
         rank = session.rank
         parts = local_feeds(plan, rank)
         start = time.perf_counter()
