@@ -12,7 +12,8 @@ import pytest
 import actorflow as af
 import graph_strategies as gs
 import userfns
-from actorflow.runtime.replay import replayable, schedule, simulate
+from actorflow.runtime import replay
+from actorflow.runtime.replay import Program, replayable, schedule, simulate
 
 
 def chain(devices: int, quota: int) -> af.Plan:
@@ -60,7 +61,7 @@ def run(plan: af.Plan, feeds: list[dict], order: str, runs: int = 1):
 @pytest.mark.parametrize("iterations", [1, 2, 7])
 def test_a_replayed_chain_computes_what_the_drivers_compute(quota, iterations):
     plan = chain(3, quota)
-    assert schedule(plan, 0) is not None
+    assert isinstance(schedule(plan, 0), Program)
     feeds = [{"x": np.arange(3.0) - k} for k in range(iterations)]
     replayed, _, stats = run(plan, feeds, "replay", runs=3)
     dynamic, _, _ = run(plan, feeds, "dynamic")
@@ -75,7 +76,7 @@ def test_a_replayed_chain_computes_what_the_drivers_compute(quota, iterations):
 @pytest.mark.parametrize("micro_batches", [1, 2, 4])
 def test_replayed_pipelined_training_equals_the_drivers_bit_for_bit(schedule_, micro_batches):
     recipe, plan = training(schedule_, micro_batches)
-    assert replayable(plan) is None and schedule(plan, 0) is not None
+    assert replayable(plan) is None and isinstance(schedule(plan, 0), Program)
     feeds = gs.micro_batch_feeds(recipe, gs.training_batches(recipe))
     replayed, params, stats = run(plan, feeds, "replay")
     dynamic, want, _ = run(plan, feeds, "dynamic")
@@ -90,7 +91,7 @@ def test_each_stream_runs_its_acts_in_the_simulated_order():
     block after block, the acts of steps outside the run skipped."""
     recipe, plan = training("1f1b", 4)
     program = schedule(plan, 0)
-    assert program is not None
+    assert isinstance(program, Program)
     feeds = gs.micro_batch_feeds(recipe, gs.training_batches(recipe))
     steps = len(feeds) // plan.micro_batches
     with af.Session(plan, trace=True) as s:
@@ -122,15 +123,25 @@ def test_a_plan_that_can_stall_is_left_to_the_drivers_which_say_where():
             af.output(f"y{d}", y)
     plan = af.compile(g)
     bad = attrs.evolve(plan, collectives=plan.collectives[::-1])
-    assert simulate(bad, 0, 1) is None and schedule(bad, 0) is None
+    assert simulate(bad, 0, 1) is None
+    assert schedule(bad, 0) == "it can stall (its simulation did)"
     feeds = {"x0": np.ones(2, np.float32), "x1": np.ones(2, np.float32)}
-    with pytest.raises(af.StallError, match="Waiting actors"):
-        af.run(bad, feeds, stall_timeout=0.3)
+    with af.Session(bad, stall_timeout=0.3) as s:
+        assert s.ordered_by == "dynamic: it can stall (its simulation did)"
+        with pytest.raises(af.StallError, match="Waiting actors"):
+            s.run(feeds)
 
 
-def test_what_is_not_replayed_and_why():
+def test_what_is_not_replayed_and_why(monkeypatch):
     plan = chain(2, 2)
     assert replayable(plan) is None
+    with af.Session(plan) as s:
+        assert s.ordered_by == "replay"
+    with af.Session(plan, order="dynamic") as s:
+        assert s.ordered_by == "dynamic: order='dynamic' was asked for"
+    assert schedule(chain(2, 17), 0) == "its quotas and phases repeat every 17 steps, more than 16"
+    monkeypatch.setattr(replay, "MAX_SIMULATED_ACTS", 10)
+    assert schedule(plan, 0) == "simulating it would take over 10 acts"
     assert (
         replayable(attrs.evolve(plan, overlap=False))
         == "collectives hold their compute streams (overlap off)"

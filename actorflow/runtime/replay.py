@@ -19,7 +19,7 @@ this instruction (each has an inbox of wake-ups, a ``SimpleQueue``: a wake-up on
 left per act is the kernel, its waits and the count of buffers held.
 
 Plans the simulation can't turn into such a program run on the drivers instead
-(``replayable`` says why).
+(``schedule`` says why).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ from .wiring import Unit, Wiring, arrays, wire
 
 MAX_PERIOD = 16
 """Steps within which a schedule must repeat to be replayed."""
+MAX_SIMULATED_ACTS = 300_000
+"""The most acts a simulation may take (about 3 s): a larger plan runs on the drivers,
+so that opening a Runtime stays quick."""
 
 
 def replayable(plan: Plan) -> str | None:
@@ -171,17 +174,24 @@ class Program:
         return range(-(hi // self.period), (steps - 1 - lo) // self.period + 1)
 
 
-def schedule(plan: Plan, rank: int) -> Program | None:
-    """The streams' program for ``plan`` on ``rank``, or None where its simulation does not
-    settle into a repeating order (within ``MAX_PERIOD`` steps a period)."""
+def schedule(plan: Plan, rank: int) -> Program | str:
+    """The streams' program for ``plan`` on ``rank``, or why there is none: the plan is
+    not ``replayable``, or too large to simulate quickly, or its simulation stalls or
+    does not settle into a repeating order within ``MAX_PERIOD`` steps a period."""
+    if (why := replayable(plan)) is not None:
+        return why
     quotas = [r.quota for r in plan.registers if not r.is_parameter] or [1]
     period = math.lcm(*quotas, *(plan.phases(a) for a in plan.actors))
     if period > MAX_PERIOD:
-        return None
+        return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
     total = 6 * period + 6  # a lead of up to a period at both ends, the block checked 2 back and 1 on
+    m = plan.micro_batches
+    local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
+    if total * sum(m // a.every * a.calls for a in local) > MAX_SIMULATED_ACTS:
+        return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
     ran = simulate(plan, rank, total)
     if ran is None:
-        return None
+        return "it can stall (its simulation did)"
     starts = []
     for entries in ran:
         sizes = len(entries) // total  # acts a step
@@ -190,7 +200,7 @@ def schedule(plan: Plan, rank: int) -> Program | None:
         for i in range(start - 2 * size, start + size):
             here, there = entries[i], entries[i + size]
             if here.key() != there.key() or there.step != here.step + period:
-                return None
+                return "its simulated order does not repeat"
         for i, entry in enumerate(entries):
             entry.place = i - start
         starts.append((start, size))
@@ -205,7 +215,7 @@ def schedule(plan: Plan, rank: int) -> Program | None:
                 if dep.stream == k:
                     continue
                 if dep.place < -2 * starts[dep.stream][1]:
-                    return None  # it waits further back than the order was checked
+                    return "its simulated acts wait further back than the order was checked"
                 c = dep.place + 1
                 if dep.stream not in need or c > need[dep.stream][0]:
                     need[dep.stream] = (c, dep)

@@ -42,7 +42,7 @@ from .driver import Driver, Start
 from .feeds import CheckedFeeds, FeedCheck, Feeds
 from .logical import assemble
 from .protocol import Act, act_text, last_micro_batch
-from .replay import Replay, replayable, schedule
+from .replay import Program, Replay, schedule
 from .spans import SpanMaker
 from .stall import Watchdog
 from .transport import Transport
@@ -79,6 +79,8 @@ class Runtime:
         if order not in ("replay", "dynamic"):
             raise ValueError(f"order is 'replay' or 'dynamic', not {order!r}")
         self.order = order
+        self.ordered_by: str = order
+        """How this Runtime orders its acts once open: "replay", or "dynamic: " and why."""
         self.plan = plan
         self.stall_timeout = stall_timeout
         self._state = "new"
@@ -157,9 +159,14 @@ class Runtime:
         transport = self._transport
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
         wiring = self._wiring = wire(plan, self.rank, across)
-        replay = self.order == "replay" and self._actor_log is None and replayable(plan) is None
-        program = schedule(plan, self.rank) if replay else None
-        if program is not None:
+        if self.order == "dynamic":
+            program: Program | str = "order='dynamic' was asked for"
+        elif self._actor_log is not None:
+            program = "ACTORFLOW_DEBUG=actors logs every act attempt"
+        else:
+            program = schedule(plan, self.rank)
+        self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
+        if isinstance(program, Program):
             self._replay = Replay(plan, wiring, program, self, self.recorder.enabled)
         else:
             for s in wiring.streams:

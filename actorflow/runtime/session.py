@@ -128,6 +128,11 @@ class Session:
         return self._runtime.threads()
 
     @property
+    def ordered_by(self) -> str:
+        """How the runs order their acts: "replay", or "dynamic: " and why (see ``Runtime``)."""
+        return self._runtime.ordered_by
+
+    @property
     def rank(self) -> int:
         """This process's rank in the plan's run (0 in one process)."""
         return self._runtime.rank
