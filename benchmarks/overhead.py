@@ -1,15 +1,17 @@
 """How much the runtime costs, and whether it pays off.
 
 (a) host overhead per act: a chain of no-op ``call`` actors on one device, many
-    iterations, against a plain Python loop calling the same functions (goal, #11: at
-    most 15x the plain loop's per-call cost at quota 2); compiled unfused, one actor per
-    call, and beside it the same chain fused as ``compile`` makes it (actors of at most 8
-    calls, ``compiler.chains.MAX_MEMBERS``: here 8 and 2);
+    iterations, against a plain Python loop calling the same functions (goal, #25: at
+    most 6x the plain loop's per-call cost at quota 2), replayed (the default order) and
+    decided as the run goes (``order="dynamic"``, the drivers); compiled unfused, one
+    actor per call, and beside it the same chain fused as ``compile`` makes it (actors
+    of at most 8 calls, ``compiler.chains.MAX_MEMBERS``: here 8 and 2);
 (d) host overhead per hop: one no-op actor on each of cpu:0, cpu:1 and cpu:2, one after
     the other; a hop is a hand-off from one device to the next (two per iteration),
-    against a thread ping-pong round trip (``queue.SimpleQueue``), the machine's price of
-    two wake-ups (goal, #11: at most 0.75x; one wake-up, 0.5x, is the floor), and beside
-    the bare pipeline: the same hand-offs between plain threads with no runtime at all;
+    replayed and dynamic, against the bare pipeline: the same hand-offs between plain
+    threads with no runtime at all (goal, #25: at most 1.5x at quota 2); a thread
+    ping-pong round trip (``queue.SimpleQueue``, two wake-ups) is printed beside, as the
+    machine's price of a wake-up that day;
 (b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
     against the same chain on cpu:0 alone;
 (c) registers in flight: the most buffers any register held at once, against its quota.
@@ -131,9 +133,9 @@ def matmul_chain(length: int, size: int, devices: int, quota: int, fetch: str = 
     return af.compile(g, quota=quota)
 
 
-def timed_run(plan: af.Plan, feeds: list[dict]) -> tuple[float, dict]:
+def timed_run(plan: af.Plan, feeds: list[dict], order: str = "replay") -> tuple[float, dict]:
     """Seconds for one pipelined run of ``feeds`` in a warm session, and its register stats."""
-    with af.Session(plan) as session:
+    with af.Session(plan, order=order) as session:
         session.run(feeds[:2])
         start = time.perf_counter()
         session.run(feeds)
@@ -141,15 +143,16 @@ def timed_run(plan: af.Plan, feeds: list[dict]) -> tuple[float, dict]:
         return elapsed, session.register_stats()
 
 
-def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
-    """(µs per act in actorflow, µs per call in a plain loop), medians."""
+def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float, float]:
+    """(µs per act replayed, µs per act dynamic, µs per call in a plain loop), medians."""
     plan = noop_chain(actors, quota)
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     acts = len(plan.actors) * iterations
     x, out = np.ones(1, np.float32), np.empty(1, np.float32)
-    ours, plain = [], []
+    ours, dynamic, plain = [], [], []
     for _ in range(repeats):
         ours.append(timed_run(plan, feeds)[0] / acts * 1e6)
+        dynamic.append(timed_run(plan, feeds, "dynamic")[0] / acts * 1e6)
         start = time.perf_counter()
         for _ in range(iterations):
             h = x
@@ -157,21 +160,24 @@ def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tup
                 h = np.asarray(noop(h))
                 np.copyto(out, h)
         plain.append((time.perf_counter() - start) / (iterations * actors) * 1e6)
-    return statistics.median(ours), statistics.median(plain)
+    return statistics.median(ours), statistics.median(dynamic), statistics.median(plain)
 
 
-def hop_overhead(devices: int, iterations: int, repeats: int, quota: int) -> tuple[float, float, float]:
-    """(µs per hop in actorflow, µs per ping-pong round trip, µs per hop of the bare
+def hop_overhead(
+    devices: int, iterations: int, repeats: int, quota: int
+) -> tuple[float, float, float, float]:
+    """(µs per hop replayed, dynamic, µs per ping-pong round trip, µs per hop of the bare
     pipeline), medians, measured in turns."""
     plan = device_chain(devices, quota)
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     hops = (devices - 1) * iterations
-    ours, trips, bare = [], [], []
+    ours, dynamic, trips, bare = [], [], [], []
     for _ in range(repeats):
         ours.append(timed_run(plan, feeds)[0] / hops * 1e6)
+        dynamic.append(timed_run(plan, feeds, "dynamic")[0] / hops * 1e6)
         trips.append(ping_pong(iterations))
         bare.append(bare_pipeline(devices, iterations, quota))
-    return statistics.median(ours), statistics.median(trips), statistics.median(bare)
+    return tuple(statistics.median(v) for v in (ours, dynamic, trips, bare))  # type: ignore[return-value]
 
 
 def fused_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
@@ -245,15 +251,18 @@ def main() -> int:
     chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
     held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
 
-    rows = [
-        (
-            f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations, quota {q}",
-            f"{us_act:.1f} us/act",
-            f"{us_plain:.2f} us/call (plain loop)",
-            f"{us_act / us_plain:.1f}x (+{us_act - us_plain:.1f} us/act)",
-        )
-        for q, (us_act, us_plain) in overhead.items()
-    ]
+    rows = []
+    for q, (us_act, us_dynamic, us_plain) in overhead.items():
+        for order, us in (("replayed", us_act), ("dynamic", us_dynamic)):
+            rows.append(
+                (
+                    f"(a) host overhead, {args.actors} no-op call actors x {args.iterations} iterations, "
+                    f"quota {q}, {order}",
+                    f"{us:.1f} us/act",
+                    f"{us_plain:.2f} us/call (plain loop)",
+                    f"{us / us_plain:.1f}x (+{us - us_plain:.1f} us/act)",
+                )
+            )
     rows.append(
         (
             f"(a) the same chain fused (compile's default: chains of at most 8), quota {args.quotas[0]}",
@@ -262,25 +271,25 @@ def main() -> int:
             f"{fused[0] / fused[1]:.2f}x",
         )
     )
-    rows += [
-        (
-            f"(d) host overhead, {args.devices}-device chain of no-op actors x {args.iterations} iterations, "
-            f"quota {q}",
-            f"{us_hop:.1f} us/hop",
-            f"{us_trip:.1f} us/round trip (ping-pong)",
-            f"{us_hop / us_trip:.2f}x",
+    for q, (us_hop, us_dynamic, us_trip, us_bare) in hops.items():
+        for order, us in (("replayed", us_hop), ("dynamic", us_dynamic)):
+            rows.append(
+                (
+                    f"(d) host overhead, {args.devices}-device chain of no-op actors x {args.iterations} "
+                    f"iterations, quota {q}, {order}",
+                    f"{us:.1f} us/hop",
+                    f"{us_bare:.1f} us/hop (bare pipeline)",
+                    f"{us / us_bare:.2f}x",
+                )
+            )
+        rows.append(
+            (
+                f"(d) a thread ping-pong round trip, beside quota {q}'s runs",
+                f"{us_trip:.1f} us/round trip",
+                f"{us_bare:.1f} us/hop (bare pipeline)",
+                f"{us_trip / us_bare:.2f}x",
+            )
         )
-        for q, (us_hop, us_trip, _) in hops.items()
-    ]
-    rows += [
-        (
-            f"(d) the bare pipeline: the same hand-offs, one thread per device, no runtime, quota {q}",
-            f"{us_bare:.1f} us/hop",
-            f"{us_trip:.1f} us/round trip (ping-pong)",
-            f"{us_bare / us_trip:.2f}x",
-        )
-        for q, (_, us_trip, us_bare) in hops.items()
-    ]
     rows += [
         (
             f"(b) {n} matmuls {args.size}x{args.size} f32, {args.steps} iterations, quota 2, "

@@ -1,13 +1,23 @@
 """What a runtime needs of a device: streams that run work in order, like CUDA streams.
 
-A ``Stream`` takes launched kernels and runs them one after another; it reports each
-kernel's end through the ``on_done(ctx, result, start, end, ok)`` it was made with, and
-counts the kernels launched and finished, and knows the one running, for the stall
-report. Two streams implement it today: ``CpuStream`` (a stream thread of this process:
-the thread that runs the stream's driver runs its kernels, so launching is calling and
-the end is reported before ``launch`` returns) and the rank's communication stream
-(``transport.CommExecutor``: sends and receives, which end later, in any order, on the
-transport's thread).
+Two seams, one per way of ordering acts:
+
+- ``Programs`` (the replayed order, ``replay``): each stream gets a program once, a
+  block of instructions, each a kernel with the events it waits on: (stream, count),
+  "that stream finished that many instructions", CUDA's ``stream.wait_event(event)``
+  on an event the other stream recorded after that instruction. The host hands over a
+  run (``run(steps)``) and hears only its end, failures and, for fetches and traced
+  spans, the acts that asked to be heard. ``replay.Replay`` implements it with one CPU
+  thread per stream; a GPU (CUDA streams and events) or a virtual clock would be
+  classes beside it, taking the same ``replay.Program``.
+- ``Stream`` (the drivers, ``driver``): takes launched kernels and runs them one after
+  another; it reports each kernel's end through the ``on_done(ctx, result, start, end,
+  ok)`` it was made with, counts the kernels launched and finished, and knows the one
+  running, for the stall report. ``CpuStream`` (a stream thread of this process: the
+  thread that runs the stream's driver runs its kernels, so launching is calling and
+  the end is reported before ``launch`` returns) and the rank's communication stream
+  (``transport.CommExecutor``: sends and receives, which end later, in any order, on
+  the transport's thread) implement it.
 
 ``Fence`` holds streams while one kernel of another runs: with overlap off, a
 collective's compute streams stop while it runs, as if they were one stream.
@@ -24,6 +34,35 @@ OnDone = Callable[[Any, Any, float, float, bool], None]
 """``on_done(ctx, result or exception, start, end, ok)``: a launched kernel ended."""
 
 POLL = 0.1
+
+
+class Programs(Protocol):
+    """Every stream of one rank, each running its program (see the module's docstring)."""
+
+    peaks: dict[tuple[int, int], int]
+    """(actor id, output) -> the most buffers it held at once."""
+
+    def start(self) -> None:
+        """Start the streams; they wait for runs."""
+
+    def busy(self) -> int:
+        """How many streams have work in a run: each says when it finished it."""
+
+    def run(self, steps: int) -> None:
+        """Run every stream's program for ``steps`` steps."""
+
+    def close(self) -> None:
+        """Stop every stream after the kernel in progress; none waits on for good."""
+
+    @property
+    def progress(self) -> int:
+        """Instructions finished so far, over every stream (the stall watchdog's)."""
+
+    def report(self) -> list[str]:
+        """What each stream does, and the wait-for chain, for a StallError."""
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads it started, for closing to join."""
 
 
 class Stream(Protocol):

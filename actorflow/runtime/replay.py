@@ -326,6 +326,9 @@ class Replay:
         for stream in self.streams:
             stream.thread.start()
 
+    def threads(self) -> list[threading.Thread]:
+        return [s.thread for s in self.streams if s.thread.ident is not None]
+
     def busy(self) -> int:
         """How many streams have work in a run (each tells ``Host.stream_finished``)."""
         return sum(1 for n in self.sizes if n)

@@ -38,6 +38,7 @@ from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog, debug_flags
+from .device import Programs
 from .driver import Driver, Start
 from .feeds import CheckedFeeds, FeedCheck, Feeds
 from .logical import assemble
@@ -92,7 +93,7 @@ class Runtime:
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
         self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
-        self._replay: Replay | None = None  # where it is replayed
+        self._replay: Programs | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
         self._feeds: dict[int, dict[str, np.ndarray]] = {}
         self._results: list[dict[str, np.ndarray]] = []
@@ -335,7 +336,7 @@ class Runtime:
         deadline = time.monotonic() + grace
         threads = list(dict.fromkeys(d.thread for d in self._drivers.values()))
         if self._replay is not None:
-            threads += [s.thread for s in self._replay.streams if s.thread.is_alive() or s.thread.ident]
+            threads += self._replay.threads()
         if self._transport is not None and self._transport.thread not in threads:
             threads.append(self._transport.thread)
         for thread in threads:

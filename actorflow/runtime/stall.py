@@ -15,9 +15,9 @@ from ..dag import topological_order
 from ..errors import StallError
 from ..plan import Plan, transfer_peers
 from .debug import lacking
+from .device import Programs
 from .driver import Driver
 from .protocol import act_text
-from .replay import Replay
 from .transport import QUERY, REPLY, Transport
 from .wiring import Member
 
@@ -227,7 +227,7 @@ class Watchdog:
         drivers: Mapping[int, Driver],
         timeout: float,
         transport: Transport | None,
-        replay: Replay | None = None,
+        replay: Programs | None = None,
     ) -> None:
         self.plan = plan
         self.replay = replay
