@@ -235,6 +235,27 @@ def test_random_micro_batched_training_matches_numpy(data):
     event(f"{'some' if check_quotas_in_trace(plan, spans) else 'no'} write-after-read pairs")
 
 
+@pytest.mark.parametrize("order", ["replay", "dynamic"])
+def test_a_buffer_is_written_again_only_after_its_slow_reader_ended(order):
+    """cpu:1 reads what the copy to it writes (on cpu:0's thread, a small move), 20 ms a
+    read, quota 1: each write of the register starts after the read of the write before
+    it ended (a free at the read's launch, not its end, would let the writer in while the
+    reader still reads)."""
+    with af.Graph() as g:
+        x = af.placeholder("x", (4,), "float32", "cpu:0")
+        p = af.ops.relu(x, name="p")
+        af.output("y", af.ops.call(userfns.sleep_20ms, af.ops.to_device(p, "cpu:1"), shape=(4,), name="slow"))
+    plan = af.compile(g, quota=1, fuse_kernels=False)
+    feeds = [{"x": np.full(4, i, np.float32)} for i in range(4)]
+    outs, _, spans = run_traced(plan, feeds, order=order)
+    for i, out in enumerate(outs):
+        np.testing.assert_array_equal(out["y"], np.full(4, i, np.float32))
+    index = index_spans(plan, spans, len(feeds))
+    writer = next(a.name for a in plan.actors if a.kind == "copy")
+    for i in range(1, len(feeds)):
+        assert index[(writer, i)].start >= index[("slow", i - 1)].end
+
+
 @pytest.mark.parametrize("q", [1, 2, 3])
 def test_slow_consumer_makes_producers_use_every_credit(q):
     """cpu:0 produces, cpu:1 copies and consumes; the consumer holds its first buffer until
