@@ -17,7 +17,12 @@ def table(config: Config, result: RunResult) -> str:
         f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
         f"pipeline: {count(len(parallel.stages), 'stage')} x {count(parallel.data_parallel, 'replica')}"
         + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
-        + f", {count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}",
+        + f", {count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}; "
+        + (
+            "acts replayed in a simulated run's order"
+            if result.ordered_by == "replay"
+            else "acts decided as the run goes (" + result.ordered_by.removeprefix("dynamic: ") + ")"
+        ),
         "",
     ]
     rows = [
@@ -85,6 +90,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "steps": config.train.steps,
         "seconds": result.seconds,
         "samples_per_second": result.samples_per_second,
+        "order": result.ordered_by,
         "losses": result.losses,
         "bubble_steps": result.bubble_steps,
         "critical_path_handoff_share": result.handoff_share,

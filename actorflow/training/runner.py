@@ -42,6 +42,7 @@ class RunResult:
     lowers: see ``af.recompute``); ``memory``: planned bytes per device; ``held_memory``:
     per device, the bytes of the most buffers each register held at once, summed (at
     least what was held at any one moment, at most ``memory``), parameters included;
+    ``ordered_by``: how the run ordered its acts (``Runtime.ordered_by``);
     ``handoff_share``: the part of the measured steps' critical
     path (``trace.metrics``) spent between kernels rather than in them, on host hand-offs,
     the transport's polls (over ranks) and queueing: why a bubble is larger than the
@@ -69,6 +70,7 @@ class RunResult:
     trace_note: str = ""
     balanced: list[float] = attrs.Factory(list)
     passes: dict[str, float] = attrs.Factory(dict)
+    ordered_by: str = "replay"
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -123,6 +125,7 @@ def train(
         seconds = time.perf_counter() - start
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
+        ordered_by = session.ordered_by
         parameters = session.parameters()
         if trace is not None:
             session.recorder.write(rank_path(trace, rank) if plan.world > 1 else trace)
@@ -173,6 +176,7 @@ def train(
         parameters=parameters,
         handoff_share=summary.critical_path.shares.get(GAP, 0.0),
         communication_share=summary.critical_path.communication_share,
+        ordered_by=ordered_by,
     )
 
 
