@@ -1,6 +1,8 @@
 """A two-rank pipeline for the failure tests (run under a launcher by ``test_rank_failures``):
 step k feeds k; ``kernel``: a kernel on rank 1 raises at step 5; ``steady``: every step
 sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midway;
+``kernel-collective``, ``steady-collective``: the same, then an all_reduce over the two
+ranks, which rank 0, with nothing else to run, waits for inside MPI;
 ``stall``: rank 1's kernel blocks until someone writes to the named pipe given after the
 mode, and sends its result back to rank 0, which gives up after 1 s. Each rank prints its
 pid first."""
@@ -25,10 +27,13 @@ def release_on_write(fifo: str) -> None:
 
 
 def main(mode: str, *args: str) -> None:
+    kernel, collective = mode.removesuffix("-collective"), mode.endswith("-collective")
     with af.Graph() as g:
         x = af.placeholder("x", shape=(4, 4), dtype="float64", device="cpu:0")
         h = af.ops.to_device(af.ops.relu(x), "cpu:1")
-        y = af.ops.call(KERNELS[mode], h, shape=(4, 4), dtype="float64", name="work")
+        y = af.ops.call(KERNELS[kernel], h, shape=(4, 4), dtype="float64", name="work")
+        if collective:
+            y = af.ops.all_reduce([af.ops.relu(x), y])[1]
         af.output("y", af.ops.to_device(y, "cpu:0") if mode == "stall" else y)
     plan = af.compile(g, ranks=2)
     if mode == "stall" and this_rank() == 1:

@@ -1,7 +1,8 @@
 """A failure on one rank stops every rank, within the bounds the runtime promises, and
 leaves no process behind: a kernel's error, a rank killed with SIGKILL, Ctrl-C on the
-launcher; a stall's wait-for chain goes on across ranks. Each test runs
-``rank_failures.py`` on 2 real ranks through ``actorflow launch``."""
+launcher, also while the other rank waits inside MPI for a collective; a stall's
+wait-for chain goes on across ranks. Each test runs ``rank_failures.py`` on 2 real ranks
+through ``actorflow launch``."""
 
 from __future__ import annotations
 
@@ -67,8 +68,9 @@ def assert_nothing_left(run: Run) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s():
-    run = Run("kernel")
+@pytest.mark.parametrize("mode", ["kernel", "kernel-collective"])
+def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s(mode):
+    run = Run(mode)
     running = run.wait_for("running", count=2)
     status, ended = run.end()
     assert status != 0
@@ -91,8 +93,9 @@ def test_a_kernel_error_on_one_rank_stops_every_rank_within_5_s():
 
 
 @pytest.mark.timeout(60)
-def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it():
-    run = Run("steady")
+@pytest.mark.parametrize("mode", ["steady", "steady-collective"])
+def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it(mode):
+    run = Run(mode)
     run.wait_for("running", count=2)
     victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
     killed = time.monotonic()
@@ -111,8 +114,9 @@ def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it():
 
 
 @pytest.mark.timeout(60)
-def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s():
-    run = Run("steady")
+@pytest.mark.parametrize("mode", ["steady", "steady-collective"])
+def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s(mode):
+    run = Run(mode)
     run.wait_for("running", count=2)
     interrupted = time.monotonic()
     run.proc.send_signal(signal.SIGINT)

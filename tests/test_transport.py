@@ -1,10 +1,12 @@
-"""The ranks' transport thread, in what can be checked without MPI: its timed waits end
-when asked (timer slack), and SIGUSR1, hydra's notice that a rank ended, is ignored once
-MPI is up (see ``runtime/transport``)."""
+"""The ranks' transport, in what can be checked in one process: its timed waits end when
+asked (timer slack), SIGUSR1, hydra's notice that a rank ended, is ignored once MPI is
+up, and a collective's thread waits inside MPI only while the rank is idle (see
+``runtime/transport``)."""
 
 from __future__ import annotations
 
 import ctypes
+import json
 import subprocess
 import sys
 import threading
@@ -47,3 +49,71 @@ def test_a_rank_ignores_sigusr1_once_mpi_is_up():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+WAITS = """
+import json, os, threading, time
+import trio
+from actorflow.errors import RankError
+from actorflow.runtime.transport import Transport
+
+transport = Transport(1)
+trio.run(transport.connect, [], b"")
+busy = False
+transport.busy = lambda: busy
+transport.threads = len(os.sched_getaffinity(0))  # no core to spare
+transport.start()
+never = [transport.MPI.COMM_SELF.Irecv(bytearray(1), source=0, tag=tag) for tag in (1, 2)]
+ended = []
+
+
+def collective(request):
+    try:
+        with transport.collective():
+            transport.wait(request)
+    except RankError:
+        ended.append(time.monotonic())
+
+
+threads = [threading.Thread(target=collective, args=(r,)) for r in never]
+for thread in threads:
+    thread.start()
+
+
+def cpu():
+    return sum(int(open(f"/proc/self/task/{t.native_id}/schedstat").read().split()[0]) for t in threads) / 1e9
+
+
+def share():
+    time.sleep(0.1)
+    before = cpu()
+    time.sleep(0.5)
+    return (cpu() - before) / 0.5
+
+
+idle = share()
+busy = True
+polling = share()
+busy = False
+idle_again = share()
+closed = time.monotonic()
+transport.close()
+for thread in threads:
+    thread.join(10)
+print(json.dumps([idle, polling, idle_again, [t - closed for t in ended]]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads each thread's CPU time from /proc")
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(60)
+def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it_is_busy():
+    """Two collective threads wait for requests that never complete: they spin in MPI while
+    ``busy`` says no (most of the CPU), sleep between polls while it says yes (some), and
+    both end with a RankError soon after the transport closes."""
+    pytest.importorskip("mpi4py")
+    done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    idle, polling, idle_again, ended = json.loads(done.stdout)
+    assert polling < idle / 2 and polling < idle_again / 2, done.stdout
+    assert len(ended) == 2 and max(ended) < 1.0, done.stdout

@@ -1,5 +1,6 @@
 """Collectives whose participants span ranks: each rank runs its own participants' part,
-and the ranks meet in one MPI call on the group's communicator, made by the transport.
+and the ranks meet in MPI on the group's communicator: the collective stream's thread
+starts the nonblocking call and waits for it (``Transport.collective``, ``Transport.wait``).
 
 An all-reduce reduces in two levels (OneFlow's): a rank's participants reduce theirs
 into one buffer first, the ranks then all-reduce those buffers, and each participant
@@ -34,7 +35,8 @@ class Across:
         MPI = self.transport.MPI
         reduce = MPI.MAX if op == "max" else MPI.SUM
         send = MPI.IN_PLACE if source is None else source
-        self.transport.call(lambda: self.comm.Iallreduce(send, acc, op=reduce))
+        with self.transport.collective():
+            self.transport.wait(self.comm.Iallreduce(send, acc, op=reduce))
 
 
 def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
@@ -114,11 +116,10 @@ class _Gathering:
             self.sendbuf[offset : offset + x.nbytes] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
             offset += x.nbytes
         MPI = self.transport.MPI
-        self.transport.call(
-            lambda: self.comm.Iallgatherv(
-                self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE]
+        with self.transport.collective():
+            self.transport.wait(
+                self.comm.Iallgatherv(self.sendbuf, [self.recvbuf, self.counts, self.displacements, MPI.BYTE])
             )
-        )
         all_ins: list = []
         all_outs: list = []
         mine_in, mine_out = iter(ins), iter(outs)

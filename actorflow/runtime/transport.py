@@ -1,30 +1,62 @@
-"""The transport between ranks: one thread per process makes every MPI call of that process.
+"""The transport between ranks: a thread per process that makes its MPI calls, but for
+the collectives over ranks, which their own stream's thread makes.
 
-Stream threads and the trio thread never call MPI. They hand the transport thread a
-function that starts a nonblocking operation (``Issend``, ``Irecv``, ``Iallreduce``...)
-and a callback for its completion. The thread starts what it is handed in order, polls
-the requests in flight and runs the callbacks of those that completed, then sleeps a
-back-off that doubles while nothing happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``) and is
-cut short by new work. MPICH busy-polls inside blocking calls: a thread blocked in one
-would take one of the cores the streams need, even while it only waits for a peer.
-But MPI moves a large message only while someone polls it, so while a collective or a
-send is in flight the thread backs off no further than ``MOVING_BACKOFF`` (a rank that
-came early waits for the others, and they need its polls to move the data). It does not
-spin: polling without sleeping for as long as a collective's data could take to move
-made its bandwidth up to twice the back-off's, alone, but took the GIL from the rank's
-compute thread so often that data-parallel training on 2 ranks ran 1.56x of one device
-instead of 1.73x (``benchmarks/ranks.py`` (a) and (c)). A posted receive alone lets it
-back off to ``MAX_BACKOFF``: polling for it every 100 µs cost that training more than
-it saved a hop. With nothing in flight there is nothing to poll: the thread sleeps
-until new work comes or the control messages' turn (every ``CONTROL_EVERY``).
+Stream threads and the trio thread hand the transport thread a function that starts a
+nonblocking operation (``Issend``, ``Irecv``...) and a callback for its completion. The
+thread starts what it is handed in order, polls the requests in flight and runs the
+callbacks of those that completed, then sleeps a back-off that doubles while nothing
+happens (``MIN_BACKOFF`` to ``MAX_BACKOFF``) and is cut short by new work. MPI moves a
+large message only while someone polls it, so while a send is in flight the thread
+backs off no further than ``MOVING_BACKOFF``; a posted receive alone lets it back off
+to ``MAX_BACKOFF`` (polling for it every 100 µs cost data-parallel training more than
+it saved a hop). While the rank has nothing else to run (``busy``, which the runtime
+sets, says no) or has a core to spare, it polls every ``MIN_BACKOFF`` instead. It can't
+stay inside MPI: it would not hear of the sends a stream hands it. With nothing in
+flight there is nothing to poll: the thread sleeps until new work comes or the control
+messages' turn (every ``CONTROL_EVERY``). It also runs the rank's communication
+stream's driver between its polls (``serve``: the stream's messages come through the
+same inbox as the work, and a finished send or receive reaches the driver by a plain
+call): one thread fewer than a stream thread of its own, and two wake-ups fewer per hop
+between ranks (one iteration's hop went from 143-172 to 90-103 µs, ``benchmarks/ranks.py``
+(b), alternating runs).
 
-Two users: the rank's communication stream (``CommExecutor``: sends and receives),
-whose driver this thread runs between its polls (``serve``: the stream's messages come
-through the same inbox as the work, and a finished send or receive reaches the driver
-by a plain call), and collectives over ranks (``call``: a collective stream's thread
-waits, off MPI, until its collective completed). One thread fewer than a stream
-thread of its own, and two wake-ups fewer per hop between ranks: one iteration's hop
-went from 143-172 to 90-103 µs (``benchmarks/ranks.py`` (b), alternating runs).
+A collective over ranks is started and waited for on its stream's own thread
+(``collective``, ``wait``; MPI runs at thread level MULTIPLE), not handed to the
+transport thread and back: two wake-ups fewer per collective. Each collective stream
+has a communicator of its own, so every rank still starts the collectives on it in one
+order. While some compute stream of the rank is busy, the waiting thread polls with
+back-off (``MIN_BACKOFF`` doubling to ``MOVING_BACKOFF``: a rank that came early waits
+for the others, and they need its polls to move the data). While they are idle, or the
+rank has a core to spare, it stays in MPI: blocked in ``Waitsome`` on its requests and
+on a receive from this process of its own, which the transport thread sends it
+(``_wake``) once the rank got busy (it looks every ``WATCH_EVERY`` meanwhile) or the
+transport stops: a closing runtime and a lost or failed rank end the wait as they end
+everything else. A rank has a core to spare when its share of the node's cores (those
+it may run on, ``os.sched_getaffinity``, over the ranks on its node, from MPI's
+shared-memory split) holds the threads ``busy`` speaks for (``threads``) and one more.
+Meanwhile that thread's MPI calls move every request's data, so the transport thread
+looks at its own requests only every ``WATCH_EVERY``, and polls them at once when the
+collective ends. Spinning on ``Test`` in Python instead would hold the GIL between the
+calls: the rank's other threads then waited up to the switch interval (5 ms) for each
+turn, and the transport thread was seen to start a send 85 ms late; blocked in MPI, the
+thread holds no GIL.
+
+Measured with ``benchmarks/ranks.py --parts a c`` on this machine (2 cores, which the 2
+ranks share), 4 runs of before and after each, alternating, medians (each run's figures
+are medians of 3 repeats): (a) a 2-rank all_reduce fed every iteration, against bare
+MPI's blocking in-place ``Allreduce``, at 1 / 16 / 64 MiB: 0.16x / 0.29x / 0.54x ->
+0.33x / 0.28x / 0.54x (1.29 -> 0.62 ms at 1 MiB); (c) data-parallel training on 2 ranks
+1.42x -> 1.53x of one device (145 -> 134 ms a step). Short of the goals (0.9x, 1.85x).
+The all_reduce alone (``collectives.Across`` on two ranks, with the transport thread
+running and nothing else) took 0.33 ms at 1 MiB and 5.0-6.2 ms at 16 MiB, against bare
+MPI's 0.20 and 3.0 in place (0.28 and 4.0-4.4 out of place, as ``Across`` reduces a lone
+participant's input). The rest goes to what else the ranks do: with one core per rank,
+every wake-up of another thread on either rank takes a core from a thread that waits in
+MPI or computes (a thread waking every 100 µs beside a bare 1 MiB exchange made it 1.5x
+slower, every 1 ms 1.13x). In (a) those are the iteration's other kernels (the output's
+slice, its fetch and its send to the other rank, the next feed's copy), in (c) the
+collective's polls while the rank computes: the compute threads were preempted 230-290
+times a step (60-85 in one process) and ran 133 ms a step for 120 ms of CPU.
 
 Failures reach every rank. On a control communicator of their own, ranks tell each
 other when they fail (the error's text) and when they leave normally, and send a
@@ -50,14 +82,16 @@ survivor of a killed rank was seen to hang there for good).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
+import itertools
 import os
 import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import trio
@@ -68,6 +102,7 @@ from .device import OnDone
 MIN_BACKOFF = 20e-6
 MAX_BACKOFF = 1e-3
 MOVING_BACKOFF = 100e-6
+WATCH_EVERY = 5e-3
 CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
 LOST_AFTER = 3.0
@@ -102,7 +137,14 @@ def mpi() -> Any:
 
 
 class Transport:
-    """``await connect(...)``, then ``start()``; ``close()`` when done (or failed)."""
+    """``await connect(...)``, then ``start()``; ``close()`` when done (or failed).
+
+    Set before ``start()``: ``busy``, whether some compute stream of this rank is running a
+    kernel or has one it can launch (called from the transport's and the collective
+    streams' threads, often: it must be cheap and never block); ``threads``, how many
+    threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
+    it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
+    only where it has a core to spare."""
 
     def __init__(self, world: int) -> None:
         self.MPI = mpi()
@@ -120,6 +162,14 @@ class Transport:
         self.on_failure: Callable[[RankError], None] = lambda exc: None
         self.on_query: Callable[[int, bytes], None] = lambda rank, payload: None
         self.on_reply: Callable[[bytes], None] = lambda payload: None
+        self.busy: Callable[[], bool] = _always_busy
+        self.threads = 1
+        self.spare_core = False
+        """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
+        self._cores_per_rank = 0.0
+        self._collecting: set[int] = set()  # the threads inside ``collective`` (their idents)
+        self._blocked: set[int] = set()  # the wake-up tags of those inside ``_block``, till ``_wake``
+        self._wakes: Any = None  # this process alone: where ``_wake`` sends
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         """What this thread reads: work to start (``submit``), and messages for the
         stream it serves (``serve``), in the order they came."""
@@ -147,8 +197,12 @@ class Transport:
                 )
             await trio.sleep(backoff)
             backoff = min(2 * backoff, 0.01)
+        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        self._cores_per_rank = len(os.sched_getaffinity(0)) / node.Get_size()
+        node.Free()
         self.data = MPI.COMM_WORLD.Dup()
         self.control = MPI.COMM_WORLD.Dup()
+        self._wakes = MPI.COMM_SELF.Dup()
         for key, group in groups:
             comm = self.data.Split(0 if self.rank in group else MPI.UNDEFINED, self.rank)
             if self.rank in group:
@@ -162,13 +216,19 @@ class Transport:
             )
 
     def start(self) -> None:
+        # the node's cores hold every rank's busy threads and one more each, in MPI
+        self.spare_core = self._cores_per_rank >= self.threads + 1
         self.thread.start()
+
+    def stays(self) -> bool:
+        """Whether a wait for MPI stays in MPI: the rank has nothing else to run, or a core
+        to spare."""
+        return self.spare_core or not self.busy()
 
     def submit(self, start: Callable[[], Any], done: Done | None, moving: bool = False) -> None:
         """Run ``start()`` (which returns an MPI request) on the transport thread, then
         ``done(error or None)`` there once the request completed; ``moving``: it moves
-        data only while polled (a collective, a send), so poll it at least every
-        ``MOVING_BACKOFF``."""
+        data only while polled (a send), so poll it at least every ``MOVING_BACKOFF``."""
         if threading.current_thread() is self.thread:
             self._start(start, done, moving)
         else:
@@ -180,21 +240,66 @@ class Transport:
         or finished a request calls ``stream(the messages put in inbox since the last)``."""
         self._stream = stream
 
-    def call(self, start: Callable[[], Any]) -> None:
-        """Run a collective and wait for it, off MPI, on the calling (stream) thread."""
-        finished = threading.Event()
-        errors: list[BaseException | None] = []
+    @contextlib.contextmanager
+    def collective(self) -> Iterator[None]:
+        """Around a collective over ranks, on its stream's thread, which starts its MPI
+        requests and ``wait``s for them there: meanwhile the transport thread leaves the
+        polling to that thread."""
+        me = threading.get_ident()
+        self._collecting.add(me)
+        try:
+            yield
+        finally:
+            self._collecting.discard(me)
+            if self._live and not self._collecting:  # poll them now, not at the next watch
+                self.submit(_no_requests, None)
 
-        def done(error: BaseException | None) -> None:
-            errors.append(error)
-            finished.set()
-
-        self.submit(start, done, moving=True)
-        while not finished.wait(0.2):
+    def wait(self, requests: Any) -> None:
+        """Wait on the calling thread (a collective stream's, inside ``collective``) until
+        ``requests`` (an MPI request or a list of them) completed: in MPI (``_block``) while
+        the rank ``stays``, else polling them with back-off (``MIN_BACKOFF`` doubling to
+        ``MOVING_BACKOFF``: the others' data moves only while this rank polls too). A
+        RankError once the transport closed (this rank or another failed)."""
+        if not isinstance(requests, list):
+            requests = [requests]
+        test = self.MPI.Request.Testall
+        backoff = MIN_BACKOFF
+        while not test(requests):
             if self._closed:
                 raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
-        if errors[0] is not None:
-            raise errors[0]
+            if self.stays():
+                self._block(requests)
+                backoff = MIN_BACKOFF
+                continue
+            _precise_sleeps_once()
+            time.sleep(backoff)
+            backoff = min(2 * backoff, MOVING_BACKOFF)
+
+    def _block(self, requests: list) -> None:
+        """Stay in MPI, without the GIL, until ``requests`` completed or the transport
+        thread wakes this thread (``_wake``: the rank got busy, or the transport stops).
+        A thread spinning on ``Test`` in Python would hold the GIL between its calls, and
+        the rank's other threads waited up to the switch interval (5 ms) for each turn:
+        the transport thread was seen to start a send 85 ms late so."""
+        tag = _own_tag()
+        wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
+        self._blocked.add(tag)
+        woken = self._closed or not self.stays()  # it may have changed before the transport saw us
+        pending = [*requests, wake]
+        left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
+        while left and not woken:
+            for k in self.MPI.Request.Waitsome(pending) or ():
+                if k == len(requests):
+                    woken = True
+                else:
+                    left -= 1
+        try:
+            self._blocked.remove(tag)
+        except KeyError:  # ``_wake`` took it out: its message came, or comes
+            pass
+        else:
+            wake.Cancel()
+        wake.Wait()
 
     def announce(self, text: str) -> None:
         """Tell every other rank this one failed, with ``text``; at most once."""
@@ -232,13 +337,13 @@ class Transport:
         carried: list = []
         try:
             while True:
-                busy = False
+                news = False
                 messages = []
                 for item in _drain(self.inbox, carried):
                     if item is None:
                         self._leave(listen)
                         return
-                    busy = True
+                    news = True
                     if isinstance(item, _Work):
                         self._start(*item)
                     else:
@@ -247,14 +352,14 @@ class Transport:
                 if live:
                     finished = MPI.Request.Testsome([x[0] for x in live]) or []
                     if finished:
-                        busy = True
+                        news = True
                         finished_set = set(finished)
                         self._live = [x for k, x in enumerate(live) if k not in finished_set]
                         for k in finished:
                             done = live[k][1]
                             if done is not None:
                                 done(None)
-                if busy:
+                if news:
                     self._stream(messages)
                 now = time.monotonic()
                 if now >= next_control:
@@ -275,10 +380,21 @@ class Transport:
                                 )
                             )
                             left.add(peer)
-                if self._live:
-                    moving = any(x[2] for x in self._live)
-                    most = MOVING_BACKOFF if moving else MAX_BACKOFF
-                    backoff = wait = MIN_BACKOFF if busy else min(2 * backoff, most)
+                watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
+                if watching and self.busy():
+                    self._wake()
+                if self._collecting and (self._live or watching):
+                    # a collective's thread polls MPI, which moves every request's data: only
+                    # notice the ends (and whether the rank got busy) now and then
+                    backoff = wait = WATCH_EVERY
+                elif self._live:
+                    if self.stays():
+                        most = MIN_BACKOFF
+                    elif any(x[2] for x in self._live):
+                        most = MOVING_BACKOFF
+                    else:
+                        most = MAX_BACKOFF
+                    backoff = wait = MIN_BACKOFF if news else min(2 * backoff, most)
                 else:  # nothing to poll: sleep until new work or the control messages' turn
                     backoff, wait = MIN_BACKOFF, next_control - now
                 try:
@@ -287,6 +403,9 @@ class Transport:
                     pass
         except MPI.Exception as exc:
             self._fail(RankError(f"rank {self.rank}: MPI failed: {exc}"))
+        finally:
+            self._closed = True
+            self._wake()
 
     def _start(self, start: Callable[[], Any], done: Done | None, moving: bool) -> None:
         """On the transport thread: start what was handed over, and poll its requests."""
@@ -316,6 +435,15 @@ class Transport:
                 self.on_reply(message)
             listen = self.control.Irecv(notice, source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG)
         return listen
+
+    def _wake(self) -> None:
+        """Take every thread in ``_block`` out of MPI: a message to this process with its tag."""
+        while self._blocked:
+            try:
+                tag = self._blocked.pop()
+            except KeyError:  # the last one left on its own meanwhile
+                return
+            self._wakes.Send(_NOTHING, dest=0, tag=tag)
 
     def _fail(self, exc: RankError) -> None:
         if not self._failed:
@@ -375,6 +503,36 @@ def _precise_sleeps() -> None:
         ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+_NOTHING = bytearray()
+_local = threading.local()  # per thread: ``precise``, whether it called _precise_sleeps; ``tag``
+_tags = itertools.count()
+
+
+def _precise_sleeps_once() -> None:
+    """``_precise_sleeps`` on the calling thread, the first time it asks."""
+    if not getattr(_local, "precise", False):
+        _local.precise = True
+        _precise_sleeps()
+
+
+def _own_tag() -> int:
+    """The calling thread's own tag, for the messages that wake it (``Transport._wake``)."""
+    tag = getattr(_local, "tag", None)
+    if tag is None:
+        tag = _local.tag = next(_tags)
+    return tag
+
+
+def _no_requests() -> list:
+    """Nothing to start: a ``submit`` that only has the transport thread poll."""
+    return []
+
+
+def _always_busy() -> bool:
+    """``Transport.busy`` until the runtime sets it: as if a compute stream always had work."""
+    return True
 
 
 _exiting = False
