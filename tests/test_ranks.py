@@ -201,3 +201,44 @@ def test_the_communication_stream_runs_on_the_transport_thread():
     status, out = ranks.python(2, HOP_THREADS)
     assert status == 0, out
     assert out.count("ok") == 2, out
+
+
+ALL_REDUCE = """
+import numpy as np
+import actorflow as af
+from actorflow.world import this_rank
+
+devices = ["cpu:0", "cpu:1", "cpu:2", "cpu:3"]
+cases = [
+    (shape, dtype, op)
+    for shape in [(7,), (2, 5), (1,)]
+    for dtype, op in [("float32", "sum"), ("float64", "mean"), ("int32", "max"), ("float16", "sum")]
+]
+rng = np.random.default_rng(0)
+values = [[(rng.standard_normal(shape) * 10).astype(dtype) for _ in devices] for shape, dtype, _ in cases]
+with af.Graph() as g:
+    for k, (shape, dtype, op) in enumerate(cases):
+        parts = [af.parameter(f"x{k}_{d}", values[k][d], device) for d, device in enumerate(devices)]
+        for d, out in enumerate(af.ops.all_reduce(parts, op=op)):
+            af.output(f"y{k}_{d}", out)
+plan = af.compile(g, ranks=[["cpu:0", "cpu:1"], ["cpu:2"], ["cpu:3"]])
+for got in af.run(plan, [{}, {}]):
+    for k, (shape, dtype, op) in enumerate(cases):
+        stack = np.stack(values[k])
+        want = {"sum": stack.sum(0), "mean": stack.mean(0), "max": stack.max(0)}[op].astype(dtype)
+        for d in range(len(devices)):
+            y = got[f"y{k}_{d}"]
+            assert y.dtype == want.dtype and y.shape == want.shape, (k, d, y.dtype, y.shape)
+            np.testing.assert_allclose(y, want, rtol=1e-3 if dtype == "float16" else 1e-6, err_msg=f"{k} {d}")
+print("ok", this_rank())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_all_reduce_over_three_ranks_in_and_out_of_place():
+    """Rank 0 holds two participants (it reduces in place), ranks 1 and 2 one each (out of
+    place); sizes that 3 ranks' blocks don't divide evenly, down to one element; every
+    dtype and op."""
+    status, out = ranks.python(3, ALL_REDUCE)
+    assert status == 0, out
+    assert all(f"ok {rank}" in out for rank in range(3)), out

@@ -42,21 +42,22 @@ turn, and the transport thread was seen to start a send 85 ms late; blocked in M
 thread holds no GIL.
 
 Measured with ``benchmarks/ranks.py --parts a c`` on this machine (2 cores, which the 2
-ranks share), 4 runs of before and after each, alternating, medians (each run's figures
-are medians of 3 repeats): (a) a 2-rank all_reduce fed every iteration, against bare
-MPI's blocking in-place ``Allreduce``, at 1 / 16 / 64 MiB: 0.16x / 0.29x / 0.54x ->
-0.33x / 0.28x / 0.54x (1.29 -> 0.62 ms at 1 MiB); (c) data-parallel training on 2 ranks
-1.42x -> 1.53x of one device (145 -> 134 ms a step). Short of the goals (0.9x, 1.85x).
-The all_reduce alone (``collectives.Across`` on two ranks, with the transport thread
-running and nothing else) took 0.33 ms at 1 MiB and 5.0-6.2 ms at 16 MiB, against bare
-MPI's 0.20 and 3.0 in place (0.28 and 4.0-4.4 out of place, as ``Across`` reduces a lone
-participant's input). The rest goes to what else the ranks do: with one core per rank,
-every wake-up of another thread on either rank takes a core from a thread that waits in
-MPI or computes (a thread waking every 100 µs beside a bare 1 MiB exchange made it 1.5x
-slower, every 1 ms 1.13x). In (a) those are the iteration's other kernels (the output's
-slice, its fetch and its send to the other rank, the next feed's copy), in (c) the
-collective's polls while the rank computes: the compute threads were preempted 230-290
-times a step (60-85 in one process) and ran 133 ms a step for 120 ms of CPU.
+ranks share), alternating runs, medians (each run's figures are medians of 3 repeats):
+(a) a 2-rank all_reduce fed every iteration, against bare MPI's blocking in-place
+``Allreduce``, at 1 / 16 / 64 MiB: 0.16x / 0.29x / 0.54x before, 0.33x / 0.28x / 0.54x
+with these waits, 0.34x / 0.37x / 0.79x with ``collectives.Across``'s all-reduce too
+(1.29 -> 0.62 -> 0.59 ms at 1 MiB); (c) data-parallel training on 2 ranks 1.42x ->
+1.53x -> 1.57x of one device (145 -> 134 -> 130 ms a step). Short of the goals (0.9x,
+1.85x). The all-reduce alone (``Across`` on two ranks, with the transport thread
+running and nothing else) comes near bare MPI: 0.26 ms at 1 MiB and 3.2-3.4 ms at
+16 MiB, against 0.20 and 3.0. The rest goes to what else the ranks do: with one core
+per rank, every wake-up of another thread on either rank takes a core from a thread
+that waits in MPI or computes (a thread waking every 100 µs beside a bare 1 MiB
+exchange made it 1.5x slower, every 1 ms 1.13x). In (a) those are the iteration's other
+kernels (the output's slice, its fetch and its send to the other rank, the next feed's
+copy), in (c) the collective's polls while the rank computes: the compute threads were
+preempted 230-290 times a step (60-85 in one process) and ran 133 ms a step for 120 ms
+of CPU.
 
 Failures reach every rank. On a control communicator of their own, ranks tell each
 other when they fail (the error's text) and when they leave normally, and send a
