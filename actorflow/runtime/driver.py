@@ -127,6 +127,9 @@ class Driver:
         self._recording = recording
         self._log = actor_log
         self.closed = False
+        self.idle = False
+        """Its thread waits on its inbox with nothing to launch (what the transport's
+        ``busy`` asks of the rank's compute and copy streams)."""
         self.inbox: queue.SimpleQueue
         self._own_thread = transport is None
         if transport is None:
@@ -158,7 +161,12 @@ class Driver:
         ``turn`` with all of it."""
         inbox = self.inbox
         while not self.closed:
-            messages = [] if self.queue else [inbox.get()]
+            if self.queue:
+                messages = []
+            else:
+                self.idle = True
+                messages = [inbox.get()]
+                self.idle = False
             while not inbox.empty():
                 messages.append(inbox.get_nowait())
             self.turn(messages)

@@ -177,6 +177,12 @@ class Runtime:
                 )
             for driver in self._drivers.values():
                 driver.peers = self._drivers
+            if transport is not None:  # a collective over ranks waits in MPI while these are idle
+                working = [
+                    self._drivers[s.stream.id] for s in wiring.streams if s.stream.kind in ("compute", "copy")
+                ]
+                transport.busy = lambda: not all(d.idle for d in working)
+                transport.threads = len(working)
         if self.recorder.enabled:
             self._spans = SpanMaker(plan, self.rank)
         self._watchdog = Watchdog(
