@@ -38,7 +38,7 @@ from ..plan import Plan
 from .driver import Host
 from .launching import LaunchQueue
 from .protocol import Act
-from .wiring import Unit, Wiring, arrays, wire
+from .wiring import Unit, Wiring, acts_in, arrays, wire
 
 MAX_PERIOD = 16
 """Steps within which a schedule must repeat to be replayed."""
@@ -59,17 +59,18 @@ def replayable(plan: Plan) -> str | None:
 
 
 class Entry:
-    """One act of the simulation: its unit's act per member, its stream (index), step and
-    place in that stream's step, and the acts it waited on."""
+    """One act of the simulation: its unit's act per member, its stream (index), its step
+    and which of the unit's ``per_step`` acts a step it is (``offset``), its place in its
+    stream's block, and the acts it waited on."""
 
-    __slots__ = ("unit", "acts", "stream", "step", "offset", "place", "deps")
+    __slots__ = ("unit", "acts", "stream", "per_step", "step", "offset", "place", "deps")
 
-    def __init__(self, unit: Unit, acts: list[Act], stream: int, step: int, offset: int) -> None:
+    def __init__(self, unit: Unit, acts: list[Act], stream: int, per_step: int) -> None:
         self.unit = unit
         self.acts = acts
         self.stream = stream
-        self.step = step
-        self.offset = offset  # the unit's act within the step
+        self.per_step = per_step
+        self.step, self.offset = divmod(acts[0].number, per_step)
         self.place = -1
         self.deps: list[Entry] = []
 
@@ -85,16 +86,16 @@ def simulate(plan: Plan, rank: int, steps: int) -> list[list[Entry]] | None:
     m = plan.micro_batches
     index = {s.stream.id: k for k, s in enumerate(wiring.streams)}
     queues = [LaunchQueue(s.units, s.order) for s in wiring.streams]
-    per_step = {u.id: u.members[0].acts(m) for u in wiring.units}
+    per_step = {u.id: acts_in(u.actor, m) for u in wiring.units}
     ready_from: dict[tuple[int, int, int], Entry] = {}
     freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
     for unit in wiring.units:
         for member in unit.members:
-            member.state.start(member.acts(steps * m))
+            member.state.start(acts_in(member.actor, steps * m))
         queues[index[unit.stream]].dirty(unit)
     ran: list[list[Entry]] = [[] for _ in queues]
     busy = [False] * len(queues)
-    ends: list[tuple[int, int, Entry]] = []  # (tick, order, entry)
+    ends: list[tuple[int, int, Entry]] = []  # (tick, stream, entry): a stream runs one act at a time
 
     def launch(k: int, now: int) -> None:
         unit = queues[k].pop()
@@ -102,8 +103,7 @@ def simulate(plan: Plan, rank: int, steps: int) -> list[list[Entry]] | None:
             return
         acts = [m.state.take() for m in unit.members]
         queues[k].requeue(unit)
-        number = acts[0].number
-        entry = Entry(unit, acts, k, number // per_step[unit.id], number % per_step[unit.id])
+        entry = Entry(unit, acts, k, per_step[unit.id])
         for member, act in zip(unit.members, acts):
             actor = member.actor.id
             for slot, buffer in enumerate(act.inputs):
@@ -113,7 +113,7 @@ def simulate(plan: Plan, rank: int, steps: int) -> list[list[Entry]] | None:
                 entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
         ran[k].append(entry)
         busy[k] = True
-        heapq.heappush(ends, (now + 1, len(ran[k]) + k * 1_000_000_000, entry))
+        heapq.heappush(ends, (now + 1, k, entry))
 
     def end(entry: Entry) -> None:
         for member, act in zip(entry.unit.members, entry.acts):
@@ -185,18 +185,17 @@ def schedule(plan: Plan, rank: int) -> Program | str:
     if period > MAX_PERIOD:
         return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
     total = 6 * period + 6  # a lead of up to a period at both ends, the block checked 2 back and 1 on
-    m = plan.micro_batches
     local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
-    if total * sum(m // a.every * a.calls for a in local) > MAX_SIMULATED_ACTS:
+    if sum(acts_in(a, total * plan.micro_batches) for a in local) > MAX_SIMULATED_ACTS:
         return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
     ran = simulate(plan, rank, total)
     if ran is None:
         return "it can stall (its simulation did)"
     starts = []
     for entries in ran:
-        sizes = len(entries) // total  # acts a step
-        size = sizes * period
-        start = (3 * period + 2) * sizes
+        per_step = len(entries) // total  # the stream's acts a step
+        size = per_step * period
+        start = (3 * period + 2) * per_step
         for i in range(start - 2 * size, start + size):
             here, there = entries[i], entries[i + size]
             if here.key() != there.key() or there.step != here.step + period:
@@ -230,13 +229,12 @@ class Special:
     host (a fetch, or a traced span). Its act number in a run whose first step is
     ``first``, in block b: (first + b * period + step) * per_step + offset."""
 
-    __slots__ = ("unit", "per_step", "offset", "step", "feed", "report", "acts")
+    __slots__ = ("unit", "per_step", "offset", "feed", "report", "acts")
 
-    def __init__(self, unit: Unit, entry: Entry, per_step: int, recording: bool) -> None:
+    def __init__(self, unit: Unit, entry: Entry, recording: bool) -> None:
         self.unit = unit
-        self.per_step = per_step
+        self.per_step = entry.per_step
         self.offset = entry.offset
-        self.step = entry.step
         self.feed = unit.feed
         self.report = recording or unit.fetch is not None
         self.acts = entry.acts
@@ -246,8 +244,7 @@ class Replay:
     """Every stream of a replayed plan: its thread, its instructions, the counts they
     wait on, and the buffers held per register (``peaks``)."""
 
-    def __init__(self, plan: Plan, wiring: Wiring, program: Program, host: Host, recording: bool) -> None:
-        self.plan = plan
+    def __init__(self, wiring: Wiring, program: Program, host: Host, recording: bool) -> None:
         self.host = host
         self.program = program
         self.sizes = [len(block) for block in program.blocks]
@@ -263,19 +260,17 @@ class Replay:
         """Steps run since the runtime opened."""
         taken, released, released_by = self._held_slots(wiring)
         puts = [inbox.put for inbox in self.inboxes]
-        m = plan.micro_batches
         self.streams: list[ReplayStream] = []
         for k, s in enumerate(wiring.streams):
             instructions = []
-            acts = []
+            units = []
             for j, entry in enumerate(program.blocks[k]):
                 unit = wiring.units[entry.unit.id]  # the real unit of the simulated one
-                per_step = unit.members[0].acts(m)
-                acts.append((unit, per_step, entry))
+                units.append(unit)
                 ins, outs = arrays(unit, entry.acts)
                 special = None
                 if unit.feed is not None or unit.fetch is not None or recording:
-                    special = Special(unit, entry, per_step, recording)
+                    special = Special(unit, entry, recording)
                 takes = []
                 frees: list[int] = []
                 for member, act in zip(unit.members, entry.acts):
@@ -301,7 +296,7 @@ class Replay:
                         entry.step,
                     )
                 )
-            self.streams.append(ReplayStream(self, k, s.stream.name, instructions, acts))
+            self.streams.append(ReplayStream(self, k, s.stream.name, instructions, units))
 
     def _held_slots(self, wiring: Wiring) -> tuple[dict, dict, dict]:
         """Places in ``marks``: per output with consumers, its count of buffers taken, and
@@ -401,21 +396,16 @@ class Run(NamedTuple):
 
 class ReplayStream:
     """One stream's thread, replaying its block of ``instructions`` for each run it is
-    handed; ``acts``: for each, its unit, the unit's acts a step and the simulated act."""
+    handed; ``units``: for each, the unit it launches."""
 
     def __init__(
-        self,
-        replay: Replay,
-        index: int,
-        name: str,
-        instructions: list[tuple],
-        acts: list[tuple[Unit, int, Entry]],
+        self, replay: Replay, index: int, name: str, instructions: list[tuple], units: list[Unit]
     ) -> None:
         self.replay = replay
         self.index = index
         self.name = name
         self.instructions = instructions
-        self.acts = acts
+        self.units = units
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.current = Run(0, 0, [0] * len(replay.sizes), [0] * len(replay.sizes), range(0))
         self.waiting: tuple[int, int] | None = None
@@ -447,39 +437,34 @@ class ReplayStream:
             at = [b + (block - start) * n for b, start, n in zip(bases, starts, sizes)]
             shift = block * period
             for kernel, ins, outs, waits, wakes, special, takes, frees, step in self.instructions:
-                if not 0 <= step + shift < steps:  # an act of a step outside this run
-                    done += 1
-                    counts[me] = done
-                    for wake in wakes:
-                        wake(None)
-                    continue
-                for s, c in waits:
-                    if counts[s] < at[s] + c:
-                        self.waiting = (s, at[s] + c)
-                        while counts[s] < at[s] + c:
-                            inbox.get()
-                            if replay.closed:
-                                return
-                        self.waiting = None
-                for slot, read, key in takes:
-                    n = marks[slot] + 1
-                    marks[slot] = n
-                    held = n - (marks[read] if read.__class__ is int else min([marks[r] for r in read]))
-                    if held > peaks[key]:
-                        peaks[key] = held
-                if special is None:
-                    kernel(ins, outs)
-                else:
-                    number = (run.first + shift + step) * special.per_step + special.offset
-                    args = ins if special.feed is None else [*ins, host.feed_value(special.feed, number)]
-                    if special.report:
-                        start = clock()
-                        result = kernel(args, outs)
-                        host.completed(special.unit, number, result, start, clock(), special.acts)
+                if 0 <= step + shift < steps:  # else an act of a step outside this run: skipped
+                    for s, c in waits:
+                        if counts[s] < at[s] + c:
+                            self.waiting = (s, at[s] + c)
+                            while counts[s] < at[s] + c:
+                                inbox.get()
+                                if replay.closed:
+                                    return
+                            self.waiting = None
+                    for slot, read, key in takes:
+                        n = marks[slot] + 1
+                        marks[slot] = n
+                        held = n - (marks[read] if read.__class__ is int else min([marks[r] for r in read]))
+                        if held > peaks[key]:
+                            peaks[key] = held
+                    if special is None:
+                        kernel(ins, outs)
                     else:
-                        kernel(args, outs)
-                for f in frees:
-                    marks[f] += 1
+                        number = (run.first + shift + step) * special.per_step + special.offset
+                        args = ins if special.feed is None else [*ins, host.feed_value(special.feed, number)]
+                        if special.report:
+                            start = clock()
+                            result = kernel(args, outs)
+                            host.completed(special.unit, number, result, start, clock(), special.acts)
+                        else:
+                            kernel(args, outs)
+                    for f in frees:
+                        marks[f] += 1
                 done += 1
                 counts[me] = done
                 for wake in wakes:
@@ -490,9 +475,9 @@ class ReplayStream:
         runtime opened), in the current run."""
         run = self.current
         block, place = divmod(count - run.bases[stream.index], self.replay.sizes[stream.index])
-        unit, per_step, entry = stream.acts[place]
+        entry = self.replay.program.blocks[stream.index][place]
         step = entry.step + (run.starts[stream.index] + block) * self.replay.program.period
-        return unit, (run.first + step) * per_step + entry.offset
+        return stream.units[place], (run.first + step) * entry.per_step + entry.offset
 
     def head(self) -> tuple[Unit, int] | None:
         """The unit and act number of the instruction this stream runs or waits to run,

@@ -89,6 +89,7 @@ class Runtime:
         self.rank = self._transport.rank if self._transport else 0
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None, trace_limit)
         self._feed_check = FeedCheck(plan, self.rank)
+        self._spans = SpanMaker(plan, self.rank) if trace else None
         # None unless ACTORFLOW_DEBUG=actors: the drivers check it once per act attempt.
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
@@ -168,7 +169,7 @@ class Runtime:
             program = schedule(plan, self.rank)
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
-            self._replay = Replay(plan, wiring, program, self, self.recorder.enabled)
+            self._replay = Replay(wiring, program, self, self.recorder.enabled)
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None
@@ -183,10 +184,14 @@ class Runtime:
                 ]
                 transport.busy = lambda: not all(d.idle for d in working)
                 transport.threads = len(working)
-        if self.recorder.enabled:
-            self._spans = SpanMaker(plan, self.rank)
         self._watchdog = Watchdog(
-            plan, wiring.members, self._drivers, self.stall_timeout, self._transport, self._replay
+            plan,
+            wiring.members,
+            self._drivers,
+            self.stall_timeout,
+            self._transport,
+            lambda: (self._base, self._iterations),
+            self._replay,
         )
         return self._watchdog
 
@@ -215,7 +220,6 @@ class Runtime:
             assert watchdog is not None, "an open Runtime has its watchdog"
             self._base = self._iterations
             self._iterations += len(arrays)
-            watchdog.base, watchdog.iterations = self._base, self._iterations
             for k, f in enumerate(arrays):
                 self._feeds[self._base + k] = f
             self._results = [{} for _ in arrays]
@@ -256,7 +260,7 @@ class Runtime:
         actor = unit.actor
         if unit.fetch is not None:
             self._results[last_micro_batch(number, actor.every) - self._base][unit.fetch] = result
-        if self.recorder.enabled:
+        if self._spans is not None:  # tracing
             step = number // actor.calls * actor.every // self.plan.micro_batches
             register = acts[0].outputs[0] if acts[0].outputs else None
             self.recorder.record(step, self._spans, unit, number, step, start, end, register)

@@ -227,23 +227,26 @@ class Watchdog:
         drivers: Mapping[int, Driver],
         timeout: float,
         transport: Transport | None,
+        window: Callable[[], tuple[int, int]],
         replay: Programs | None = None,
     ) -> None:
         self.plan = plan
+        self.window = window
+        """(the current run's first iteration, iterations run since the runtime opened)."""
         self.replay = replay
         self.members = members
         self.drivers = drivers
         self.timeout = timeout
         self.transport = transport
         self.rank = transport.rank if transport is not None else 0
-        self.base = 0
-        """The current run's first iteration, set by the runtime."""
-        self.iterations = 0
-        """Iterations run since the runtime opened, the current run's included."""
         self.running = False
         """A run is on: only then is a lack of progress a stall."""
         self._answer: tuple[str, tuple[int, int] | None] | None = None
         self._answered = trio.Event()
+
+    @property
+    def base(self) -> int:
+        return self.window()[0]
 
     @property
     def progress(self) -> int:
@@ -272,7 +275,7 @@ class Watchdog:
         plan = self.plan
         head = (
             f"no actor acted for {idle:.1f} s (stall_timeout={self.timeout} s); "
-            f"the run has {self.iterations - self.base} iterations."
+            f"the run has {self.window()[1] - self.base} iterations."
         )
         if self.replay is not None:
             return "\n".join([f"{head} Streams, replaying their order:", *self.replay.report()])

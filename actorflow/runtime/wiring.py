@@ -87,7 +87,13 @@ class Member:
 
     def acts(self, iterations: int) -> int:
         """How many times this actor acts in a run of ``iterations``."""
-        return iterations // self.actor.every * self.actor.calls
+        return acts_in(self.actor, iterations)
+
+
+def acts_in(actor: Actor, iterations: int) -> int:
+    """How many times ``actor`` acts in a run of ``iterations`` (whole steps): once per
+    ``every`` iterations, and for a reused subgraph once per call."""
+    return iterations // actor.every * actor.calls
 
 
 class Unit:
@@ -221,12 +227,11 @@ def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = T
     for stream in plan.streams:
         if stream.rank != rank:
             continue
-        on_it = sorted((u for u in units if u.stream == stream.id), key=lambda u: u.priority)
-        if stream.kind == "collective":
-            on_it.sort(key=lambda u: u.id)  # the collective order, as the plan lists collectives
+        on_it = [u for u in units if u.stream == stream.id]
+        if stream.kind == "collective":  # the collective order, as the plan lists collectives
             streams.append(StreamWiring(stream, on_it, step_order(on_it, plan.micro_batches)))
         else:
-            streams.append(StreamWiring(stream, on_it, None))
+            streams.append(StreamWiring(stream, sorted(on_it, key=lambda u: u.priority), None))
     return Wiring(members, units, streams, buffers)
 
 
