@@ -6,6 +6,7 @@ from .errors import (
     DeadlockError as DeadlockError,
     FeedError as FeedError,
     GraphError as GraphError,
+    KernelError as KernelError,
     PlanSerializationError as PlanSerializationError,
     RankError as RankError,
     StallError as StallError,

@@ -41,3 +41,12 @@ class RankError(ActorflowError, RuntimeError):
 class ProtocolError(ActorflowError, RuntimeError):
     """A runtime broke the actor protocol (a second free, a take before an actor can act):
     a bug in the runtime, not in the user's graph. The message names the actor and register."""
+
+
+class KernelError(ActorflowError, ValueError):
+    """A user kernel broke its contract: it wrote into an input (``input``: which one,
+    where known) or returned something else than the graph declared."""
+
+    def __init__(self, message: str, input: int | None = None) -> None:
+        super().__init__(message)
+        self.input = input

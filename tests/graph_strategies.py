@@ -141,8 +141,8 @@ def stage_b(a):
 
 
 def _make_const(m: int, n: int):
-    def const():
-        return np.arange(m * n, dtype=np.float64).reshape(m, n) / (m * n) - 0.5
+    def const():  # a plain list, which the call casts to the graph's float dtype
+        return (np.arange(m * n, dtype=np.float64).reshape(m, n) / (m * n) - 0.5).tolist()
 
     const.__name__ = const.__qualname__ = f"const_{m}x{n}"
     const.__module__ = __name__

@@ -43,7 +43,11 @@ def check(actual, expected, dtype, tol=TOL):
 
 
 def square_then_sum_rows(a):
-    """(n, m) -> (n,): returns float64 whatever the input, the op casts to the declared dtype."""
+    """(n, m) -> (n,): summed in float64, returned in the input's dtype."""
+    return (np.asarray(a, np.float64) ** 2).sum(axis=1).astype(a.dtype)
+
+
+def square_then_sum_rows_in_float64(a):
     return (np.asarray(a, np.float64) ** 2).sum(axis=1)
 
 
@@ -515,7 +519,7 @@ def test_call_userfns(dtype):
     check(out["sum"], a + b, dtype)
 
 
-def test_call_with_a_new_shape_and_dtype_cast():
+def test_call_with_a_new_shape():
     xs = rand((5, 3), "float32", seed=26)
 
     def build():
@@ -528,18 +532,25 @@ def test_call_with_a_new_shape_and_dtype_cast():
     check(run_graph(build, {"x": xs})["y"], ref * ref, "float32")
 
 
-def test_the_call_kernel_casts_only_within_a_kind():
-    """Its own dtype is assigned, another float is cast (same kind), a float into an int
-    register is refused rather than truncated."""
+def test_the_call_kernel_takes_arrays_of_its_dtype_and_casts_plain_values_within_a_kind():
+    """An array of another dtype is refused (as another shape is), a plain Python value is
+    cast within its kind, a float into an int register is refused rather than truncated,
+    and None is reported as None."""
     from actorflow.ops import kernels
 
     out = np.zeros(3, np.float32)
     kernels.call([np.arange(3, dtype=np.float32)], [out], fn=lambda a: a * 2)
     np.testing.assert_array_equal(out, [0, 2, 4])
-    kernels.call([np.arange(3, dtype=np.float64)], [out], fn=lambda a: a + 0.5)
+    with pytest.raises(af.KernelError, match=r"returned float64, but the graph declared float32\[3\]"):
+        kernels.call([np.arange(3, dtype=np.float64)], [out], fn=lambda a: a + 0.5)
+    kernels.call([np.arange(3, dtype=np.float64)], [out], fn=lambda a: (a + 0.5).tolist())
     np.testing.assert_array_equal(out, [0.5, 1.5, 2.5])
-    with pytest.raises(TypeError, match="same_kind"):
-        kernels.call([np.arange(3, dtype=np.float64)], [np.zeros(3, np.int64)], fn=lambda a: a + 0.5)
+    with pytest.raises(af.KernelError, match="returned float64, but the graph declared int64"):
+        kernels.call(
+            [np.arange(3, dtype=np.float64)], [np.zeros(3, np.int64)], fn=lambda a: (a + 0.5).tolist()
+        )
+    with pytest.raises(af.KernelError, match=r"returned None, but the graph declared float32\[3\]"):
+        kernels.call([np.arange(3, dtype=np.float32)], [out], fn=lambda a: None)
 
 
 def test_call_three_inputs_then_builtin_ops():

@@ -114,7 +114,9 @@ def test_kernel_returning_the_wrong_shape_fails_with_a_note():
     with af.Graph() as g:
         x = af.placeholder("x", shape=(2, 3), device="cpu:0")
         af.output("y", af.ops.call(userfns.identity, x, shape=(3, 2), name="liar"))
-    with pytest.raises(ValueError, match=r"declared \(3, 2\)") as info:
+    with pytest.raises(
+        af.KernelError, match=r"returned shape \(2, 3\), but the graph declared float32\[3, 2\]"
+    ) as info:
         af.run(af.compile(g), {"x": np.zeros((2, 3), np.float32)})
     check_note(info.value, "liar", "cpu:0/compute", 0)
 

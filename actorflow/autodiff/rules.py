@@ -11,6 +11,8 @@ import math
 import numpy as np
 
 from .. import ops
+from ..errors import GraphError
+from ..graph.builder import is_float
 from .registry import rule
 
 
@@ -168,6 +170,17 @@ def _slice(node, ins, outs, douts):
 @rule("scale")
 def _scale(node, ins, outs, douts):
     return [ops.scale(douts[0], node.attrs["factor"])]
+
+
+@rule("call")
+def _call(node, ins, outs, douts):
+    grad = node.attrs.get("grad")
+    if grad is None:
+        raise GraphError(
+            f"gradients: af.ops.call {node.name!r} (built at {node.where}) has no gradient: "
+            "give it grad=fn_grad, fn_grad(*inputs, dout) returning one gradient per input"
+        )
+    return [ops.call_grad(grad, ins, douts[0], k) if is_float(x.dtype) else None for k, x in enumerate(ins)]
 
 
 @rule("full")

@@ -100,6 +100,7 @@ register("concat", "compute", kernels.concat)
 register("split", "compute", kernels.split)
 register("slice", "compute", kernels.slice_)
 register("call", "compute", kernels.call)
+register("call_grad", "compute", kernels.call_grad)
 register("full", "compute", kernels.full)
 
 
@@ -262,15 +263,22 @@ def call(
     dtype="float32",
     device: str | None = None,
     name: str | None = None,
+    grad: Callable | None = None,
 ) -> Tensor:
     """Run ``fn(*arrays) -> array`` as a compute actor on the inputs' device.
 
-    ``shape`` and ``dtype`` declare what ``fn`` returns; a Plan that holds a ``call``
-    serializes ``fn`` by import path, so define it at the top level of a module.
+    ``shape`` and ``dtype`` declare what ``fn`` returns (another shape or dtype is a
+    ``KernelError``). ``fn`` gets its inputs read-only: it returns a new array. It may be
+    any callable, a lambda included; a Plan names a module-level function by its import
+    path and carries others by value (which only a trusted load reads back).
+
+    ``grad(*arrays, dout) -> (one gradient per input)`` makes the call differentiable:
+    ``af.gradients`` runs it in the backward pass, once for each float input.
     """
     check_inputs("call", inputs)
-    if not callable(fn):
-        raise fail("call", f"{fn!r} is not callable")
+    for what, f in (("", fn), ("grad=", grad)):
+        if f is not None and not callable(f):
+            raise fail("call", f"{what}{f!r} is not callable")
     if inputs:
         where = _device("call", inputs)
         if device is not None and device_of("call", device) != where:
@@ -283,9 +291,16 @@ def call(
         "call",
         inputs,
         [(tuple(shape), dtype_of("call", dtype), where)],
-        {"fn": fn},
+        {"fn": fn} if grad is None else {"fn": fn, "grad": grad},
         name,
     )
+    return t
+
+
+def call_grad(fn: Callable, inputs: Sequence[Tensor], dout: Tensor, input: int) -> Tensor:
+    """The gradient of a ``call``'s input ``input``: ``fn(*inputs, dout)``'s entry ``input``."""
+    x = inputs[input]
+    (t,) = add_node("call_grad", [*inputs, dout], [(x.shape, x.dtype, x.device)], {"fn": fn, "input": input})
     return t
 
 

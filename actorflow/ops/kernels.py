@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from ..errors import KernelError
+
 
 def matmul(ins, outs, transpose_a=False, transpose_b=False):
     """a @ b, either operand read transposed (a view: BLAS takes it as it is, no copy)."""
@@ -117,19 +119,78 @@ def slice_(ins, outs, begin):
     np.copyto(outs[0], ins[0][index])
 
 
-def call(ins, outs, fn):
-    """Run a user's numpy function and check that it returned what the graph promised."""
-    result = np.asarray(fn(*ins))
-    out = outs[0]
-    if result.shape != out.shape:
-        raise ValueError(
-            f"{getattr(fn, '__qualname__', fn)} returned shape {result.shape}, "
-            f"but the graph declared {out.shape}"
+def call(ins, outs, fn, grad=None):
+    """Run a user's numpy function and check that it returned what the graph promised
+    (``grad`` is its gradient function, which ``call_grad`` runs in the backward pass)."""
+    _assign(fn, _run(fn, ins), outs[0])
+
+
+def call_grad(ins, outs, fn, input):
+    """Input ``input``'s gradient of a ``call``: ``fn(*inputs, dout)`` returns one per input."""
+    grads = _run(fn, ins)
+    if len(ins) == 2 and not isinstance(grads, (tuple, list)):
+        grads = (grads,)
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(ins) - 1:
+        raise KernelError(
+            f"{_name(fn)} returned {type(grads).__name__}, but a gradient function returns "
+            f"a tuple of {len(ins) - 1} gradients, one per input of the call"
         )
-    if result.dtype == out.dtype:
-        out[...] = result  # the common case, at half copyto's cost on small arrays
-    else:
-        np.copyto(out, result, casting="same_kind")
+    _assign(fn, grads[input], outs[0])
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
+
+
+def _run(fn, ins):
+    """``fn(*ins)``; a write into an input (a read-only view) becomes a KernelError naming it."""
+    try:
+        return fn(*ins)
+    except ValueError as exc:
+        if "read-only" not in str(exc):
+            raise
+        written = _written(fn, ins)
+        which = f"input {written}" if written is not None else "one of its inputs"
+        raise KernelError(
+            f"{_name(fn)} wrote into {which}: a kernel's inputs are read-only, since other "
+            f"readers (and the next run) share them; write into a copy (x = x.copy()) or return a new array",
+            input=written,
+        ) from exc
+
+
+def _written(fn, ins) -> int | None:
+    """Which input ``fn`` writes into, found by running it again on copies, or None."""
+    copies = [x.copy() if isinstance(x, np.ndarray) else x for x in ins]
+    try:
+        fn(*copies)
+    except Exception:
+        return None
+    changed = [
+        k
+        for k, (x, c) in enumerate(zip(ins, copies))
+        if isinstance(x, np.ndarray) and not np.array_equal(x, c, equal_nan=True)
+    ]
+    return changed[0] if changed else None
+
+
+def _assign(fn, result, out) -> None:
+    """Write ``fn``'s result into ``out``: an array of the declared shape and dtype, or a
+    plain Python value numpy casts to that dtype within its kind."""
+    value = np.asarray(result)
+    if value.shape == out.shape and value.dtype == out.dtype:
+        out[...] = value  # the common case, at half copyto's cost on small arrays
+        return
+    declared = f"{out.dtype}{list(out.shape)}"
+    if result is None:
+        raise KernelError(f"{_name(fn)} returned None, but the graph declared {declared}")
+    if value.shape != out.shape:
+        raise KernelError(f"{_name(fn)} returned shape {value.shape}, but the graph declared {declared}")
+    if isinstance(result, (np.ndarray, np.generic)) or not np.can_cast(value.dtype, out.dtype, "same_kind"):
+        raise KernelError(
+            f"{_name(fn)} returned {value.dtype}, but the graph declared {declared}: "
+            f"return {out.dtype} (say .astype(np.{out.dtype})) or declare dtype={str(value.dtype)!r}"
+        )
+    np.copyto(out, value, casting="same_kind")
 
 
 def noop(ins, outs):

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 import trio
 
-from ..errors import RankError
+from ..errors import KernelError, RankError
 from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
@@ -300,9 +300,17 @@ class Runtime:
             f"actorflow: raised by actor {unit.name!r} (op {actor.op}) on stream {stream!r}{on_rank} "
             f"at {act_text(actor.calls, number, self._base)} of this run "
             f"({number // actor.calls} since the runtime opened); "
-            f"the op was built at {actor.where}"
+            f"the op was built at {actor.where}{self._input_named(exc, unit)}"
         )
         self.fail(exc)
+
+    def _input_named(self, exc: BaseException, unit: Unit) -> str:
+        """For a kernel that wrote into an input: which register that input is."""
+        if not isinstance(exc, KernelError) or exc.input is None:
+            return ""
+        registers = self.plan.registers
+        data = [i.register for i in unit.actor.inputs if not registers[i.register].control]
+        return f"; its input {exc.input} is register {registers[data[exc.input]].name!r}"
 
     def fail(self, exc: BaseException) -> None:
         """Stop everything; the waiting ``run`` re-raises ``exc``. Over ranks, tell the

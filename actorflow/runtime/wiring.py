@@ -183,8 +183,9 @@ def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = T
     slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
     output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
     members = {a.id: _member(plan, a, slots[a.id]) for a in local}
+    readable = [[_read_only(b) for b in bs] for bs in buffers]
     for actor in local:
-        _wire_member(plan, members[actor.id], members, slots, output_index, buffers)
+        _wire_member(plan, members[actor.id], members, slots, output_index, buffers, readable)
 
     units: list[Unit] = []
 
@@ -272,6 +273,14 @@ def _allocate(plan: Plan, rank: int, local: list[Actor], allocate: bool) -> list
     ]
 
 
+def _read_only(buffer: np.ndarray | None) -> np.ndarray | None:
+    if buffer is None:
+        return None
+    view = buffer.view()
+    view.flags.writeable = False
+    return view
+
+
 def _member(plan: Plan, actor: Actor, slots: dict[int, int]) -> Member:
     state = ActorProtocol(
         len(slots),
@@ -293,18 +302,27 @@ def _wire_member(
     slots: dict[int, dict[int, int]],
     output_index: dict[int, int],
     buffers: list[list[np.ndarray]],
+    readable: list[list[Any]],
 ) -> None:
+    """Kernels read their inputs through read-only views (``readable``), so a kernel that
+    writes into an input fails instead of changing what another reader or the next run
+    sees; an update op writes its parameter and optimizer state (what variables publish)
+    in place."""
     actor = member.actor
     slot_of = slots[actor.id]
     for k, i in enumerate(actor.inputs):
         reg = plan.registers[i.register]
+        written = actor.kind == "update" and (
+            reg.is_parameter or plan.actors[reg.producer].kind == "variable"
+        )
+        view = (buffers if written else readable)[reg.id]
         if reg.is_parameter:
-            member.inputs.append(InputSpec(param=buffers[reg.id][0]))
+            member.inputs.append(InputSpec(param=view[0]))
             continue
         spec = InputSpec(
             slot=slot_of[k],
             control=reg.control,
-            buffers=buffers[reg.id],
+            buffers=view,
             producer=members[reg.producer],
             out=output_index[reg.id],
         )
