@@ -155,12 +155,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return demo(args.iterations, args.batch, args.width, args.quota, args.trace)
     if args.command in ("run", "compile"):
         from .config import load_config
+        from .world import this_rank
 
         overrides = list(args.overrides)
         if getattr(args, "steps", None) is not None:
             overrides.append(f"train.steps={args.steps}")
+        def tell(text: str) -> None:
+            if this_rank() == 0:
+                print(f"actorflow {args.command}: {text}", file=sys.stderr)
+
         try:
-            config = load_config(args.config, overrides)
+            config = load_config(args.config, overrides, tell)
         except ConfigError as err:
             print(f"actorflow {args.command}: error: {err}", file=sys.stderr)
             return 2

@@ -230,17 +230,23 @@ def balanced(costs: Sequence[int], parts: int) -> tuple[int, ...]:
     return best(0, parts)[1]
 
 
-def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Config:
-    """Read, override (``dotted.path=value`` each) and validate the YAML config at ``path``."""
+def load_config(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), tell: Callable[[str], None] = lambda _: None
+) -> Config:
+    """Read, override (``dotted.path=value`` each) and validate the YAML config at ``path``;
+    ``tell`` hears what an override dropped (see ``_override``)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeError) as err:
         raise _fail(str(path), f"cannot read: {getattr(err, 'strerror', None) or err}") from None
-    return parse_config(text, overrides, source=str(path))
+    return parse_config(text, overrides, source=str(path), tell=tell)
 
 
 def parse_config(
-    document: str | Mapping[str, Any], overrides: Sequence[str] = (), source: str = "<string>"
+    document: str | Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    source: str = "<string>",
+    tell: Callable[[str], None] = lambda _: None,
 ) -> Config:
     """Validate a config given as YAML text or as an already-loaded mapping (which is not
     modified), after applying ``overrides``; ``source`` names the text in errors about
@@ -249,7 +255,7 @@ def parse_config(
     if not isinstance(raw, Mapping):
         raise _fail(source, f"expected a mapping of sections ({_names(Config)}), got {_shown(raw)}")
     for override in overrides:
-        raw = _override(raw, override)
+        raw = _override(raw, override, tell)
     config = _structure(raw)
     _check(config)
     return config
@@ -300,9 +306,11 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return getattr(err, "problem", None) or str(err).partition("\n")[0]
 
 
-def _override(raw: Mapping[str, Any], override: str) -> dict[str, Any]:
+def _override(raw: Mapping[str, Any], override: str, tell: Callable[[str], None]) -> dict[str, Any]:
     """``raw`` with the override's value put at its path; mappings missing on the way are
-    created, so an unknown key fails later exactly as one written in the file."""
+    created, so an unknown key fails later exactly as one written in the file. A null
+    value removes the key, which resets it to its default; a new ``kind`` drops the
+    section's keys that only another kind takes (``tell`` says which)."""
     path, equals, text = override.partition("=")
     path = path.strip()
     if not equals:
@@ -319,12 +327,28 @@ def _override(raw: Mapping[str, Any], override: str) -> dict[str, Any]:
         node = node.get(key, {})
         if not isinstance(node, Mapping):
             raise _fail(f"--set {path}", f"{'.'.join(keys[: depth + 1])} is {_shown(node)}, not a mapping")
+    section = ".".join(keys[:-1])
+    if keys[-1] == "kind" and section in _ONLY_FOR and isinstance(node, Mapping):
+        taken = _ONLY_FOR[section].get(value, ())
+        others = {name for kind, names in _ONLY_FOR[section].items() if kind != value for name in names}
+        dropped = [key for key in node if key in others and key not in taken]
+        for key in dropped:
+            raw = _replaced(raw, [*keys[:-1], key], None)
+        if dropped:
+            tell(
+                f"--set {path}={text}: dropped {', '.join(f'{section}.{k}' for k in dropped)}, which {value} does not take"
+            )
     return _replaced(raw, keys, value)
 
 
 def _replaced(mapping: Mapping[str, Any], keys: Sequence[str], value: Any) -> dict[str, Any]:
+    """``mapping`` with ``value`` at ``keys``; a None value removes the key."""
     key, *rest = keys
-    return {**mapping, key: _replaced(mapping.get(key, {}), rest, value) if rest else value}
+    if rest:
+        return {**mapping, key: _replaced(mapping.get(key, {}), rest, value)}
+    if value is None:
+        return {k: v for k, v in mapping.items() if k != key}
+    return {**mapping, key: value}
 
 
 # -- structuring: types, unknown and missing keys ----------------------------------------
@@ -529,18 +553,27 @@ def _check_values(config: Config) -> None:
         _at_least("runtime.max_memory", runtime.max_memory, 1)
 
 
-_MODEL_FIELDS = {
-    "mlp": ("sizes", "activation"),
-    "transformer": ("vocab", "d_model", "heads", "layers", "seq_len"),
+_ONLY_FOR = {
+    "model": {
+        "mlp": ("sizes", "activation"),
+        "transformer": ("vocab", "d_model", "heads", "layers", "seq_len"),
+    },
+    "train.optimizer": {"sgd": ("momentum",), "adam": ("beta1", "beta2", "eps")},
 }
+"""Per section with a ``kind``, the keys only one kind takes: a key of another kind than
+the section's is refused unless left at its default, and ``--set SECTION.kind=K`` drops
+them."""
 
 
 def _check_model(model: ModelConfig) -> None:
-    for kind, names in _MODEL_FIELDS.items():
+    for kind, names in _ONLY_FOR["model"].items():
         for name in names:
             field = attrs.fields_dict(ModelConfig)[name]
             if kind != model.kind and getattr(model, name) != field.default:
-                raise _fail(f"model.{name}", f"only {kind} uses {name}, but model.kind is {model.kind}")
+                raise _fail(
+                    f"model.{name}",
+                    f"only {kind} uses {name}, but model.kind is {model.kind} (remove it, or --set model.{name}=null)",
+                )
     if model.kind == "mlp":
         if len(model.sizes) < 2:
             raise _fail(
@@ -549,7 +582,7 @@ def _check_model(model: ModelConfig) -> None:
         for i, size in enumerate(model.sizes):
             _at_least(f"model.sizes[{i}]", size, 1)
         return
-    for name in _MODEL_FIELDS["transformer"]:
+    for name in _ONLY_FOR["model"]["transformer"]:
         if getattr(model, name) == 0:
             raise _fail(f"model.{name}", "required for model.kind transformer")
         _at_least(f"model.{name}", getattr(model, name), 1)
@@ -565,17 +598,16 @@ def _check_data(config: Config) -> None:
         raise _fail("data.path", "only text data reads a file")
 
 
-_USED_ONLY_BY = {"momentum": "sgd", "beta1": "adam", "beta2": "adam", "eps": "adam"}
-
-
 def _check_optimizer(optimizer: OptimizerConfig) -> None:
     """A setting the chosen optimizer ignores is a mistake, unless it is left at its default."""
+    used_only_by = {name: kind for kind, names in _ONLY_FOR["train.optimizer"].items() for name in names}
     for field in attrs.fields(OptimizerConfig):
-        user = _USED_ONLY_BY.get(field.name, optimizer.kind)
+        user = used_only_by.get(field.name, optimizer.kind)
         if user != optimizer.kind and getattr(optimizer, field.name) != field.default:
             raise _fail(
                 f"train.optimizer.{field.name}",
-                f"only {user} uses {field.name}, but train.optimizer.kind is {optimizer.kind}",
+                f"only {user} uses {field.name}, but train.optimizer.kind is {optimizer.kind} "
+                f"(remove it, or --set train.optimizer.{field.name}=null)",
             )
 
 

@@ -128,12 +128,14 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
     (
         "momentum-with-adam",
         ("train.optimizer={kind: adam, lr: 0.001, momentum: 0.9}",),
-        "train.optimizer.momentum: only sgd uses momentum, but train.optimizer.kind is adam",
+        "train.optimizer.momentum: only sgd uses momentum, but train.optimizer.kind is adam "
+        "(remove it, or --set train.optimizer.momentum=null)",
     ),
     (
         "beta-with-sgd",
         ("train.optimizer.beta1=0.5",),
-        "train.optimizer.beta1: only adam uses beta1, but train.optimizer.kind is sgd",
+        "train.optimizer.beta1: only adam uses beta1, but train.optimizer.kind is sgd "
+        "(remove it, or --set train.optimizer.beta1=null)",
     ),
     ("samples-below-batch", ("data.samples=100",), "data.samples: 100 is less than train.batch_size 256"),
     (
@@ -341,6 +343,29 @@ def test_exponent_floats_read_as_numbers_in_files_and_overrides(text, value):
     assert in_file != BASELINE_YAML
     assert parse_config(in_file).train.optimizer.lr == value
     assert parse_config(BASELINE_YAML, [f"train.optimizer.lr={text}"]).train.optimizer.lr == value
+
+
+def test_an_override_of_kind_drops_the_keys_only_another_kind_takes_and_says_so():
+    told: list[str] = []
+    momentum = "train.optimizer.momentum=0.9"
+    config = parse_config(BASELINE_YAML, [momentum, "train.optimizer.kind=adam"], tell=told.append)
+    assert (config.train.optimizer.kind, config.train.optimizer.momentum) == ("adam", 0.0)
+    assert told == [
+        "--set train.optimizer.kind=adam: dropped train.optimizer.momentum, which adam does not take"
+    ]
+    told.clear()
+    assert (
+        parse_config(BASELINE_YAML, ["train.optimizer.kind=sgd"], tell=told.append).train.optimizer.momentum
+        == 0.9
+    )
+    assert told == []
+
+
+def test_a_null_override_resets_a_key_to_its_default():
+    config = parse_config(BASELINE_YAML, ["train.optimizer.momentum=null", "runtime.quota=null"])
+    assert (config.train.optimizer.momentum, config.runtime.quota) == (0.0, 2)
+    with pytest.raises(ConfigError, match="train.optimizer.lr"):
+        parse_config(BASELINE_YAML, ["train.optimizer.lr=null"])
 
 
 def test_overrides_create_omitted_sections_and_leave_the_input_alone():
