@@ -354,10 +354,8 @@ def test_an_override_of_kind_drops_the_keys_only_another_kind_takes_and_says_so(
         "--set train.optimizer.kind=adam: dropped train.optimizer.momentum, which adam does not take"
     ]
     told.clear()
-    assert (
-        parse_config(BASELINE_YAML, ["train.optimizer.kind=sgd"], tell=told.append).train.optimizer.momentum
-        == 0.9
-    )
+    config = parse_config(BASELINE_YAML, [momentum, "train.optimizer.kind=sgd"], tell=told.append)
+    assert config.train.optimizer.momentum == 0.9
     assert told == []
 
 
