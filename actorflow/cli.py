@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -52,13 +51,22 @@ def parser() -> argparse.ArgumentParser:
         "Under a launcher (actorflow launch -n 2 -- actorflow run CONFIG) the devices are "
         "spread over the ranks in order, one rank per stage replica when the counts match; "
         "rank 0 shows the progress and the report and writes --metrics, every rank writes "
-        "its own trace (NAME.rankR.json) and rank 0 the merged one.",
+        "its own trace (NAME.rankR.json) and rank 0 the merged one. Every file is written to a "
+        "temporary name and renamed into place, and every output path is checked before the "
+        "first step. Ctrl-C ends the run after the step in flight (exit 130), a loss that is "
+        "NaN or infinite at its step (exit 1, unless train.stop_on_nonfinite is false), each "
+        "with the report and files of the steps run.",
     )
     _config_arguments(run)
     run.add_argument("--steps", type=_positive, help="override train.steps")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome trace there (overrides output.trace)")
     run.add_argument(
         "--metrics", metavar="PATH", help="write the results as JSON there (overrides output.metrics)"
+    )
+    run.add_argument(
+        "--parameters",
+        metavar="PATH",
+        help="write the trained parameters there as .npz, by name (overrides output.parameters)",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar or per-step loss")
 
@@ -100,7 +108,7 @@ with UCX_TLS=self,sm and UCX_NET_DEVICES=lo unless they are set already.
 -disable-auto-cleanup lets the other ranks report a lost peer instead of being killed.
 Each rank's lines are prefixed with [rank]; the exit status is the worst rank's (128+N
 for one killed by signal N). Ctrl-C and SIGTERM are passed on to the ranks, and what
-is left 3 s later is killed. stdin goes to rank 0.
+is left 10 s later (--grace) is killed. stdin goes to rank 0.
 
 examples:
   actorflow launch -n 2 -- actorflow run configs/2x2.yaml
@@ -116,6 +124,14 @@ examples:
         "--hostfile",
         metavar="FILE",
         help="run across the hosts listed there (mpiexec -f FILE) instead of the loopback defaults",
+    )
+    launch.add_argument(
+        "--grace",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="after Ctrl-C or SIGTERM, kill what is left of the ranks this much later "
+        "(default 10: an interrupted actorflow run writes its report and files first)",
     )
     launch.add_argument(
         "--mpiexec-arg",
@@ -160,6 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = list(args.overrides)
         if getattr(args, "steps", None) is not None:
             overrides.append(f"train.steps={args.steps}")
+
         def tell(text: str) -> None:
             if this_rank() == 0:
                 print(f"actorflow {args.command}: {text}", file=sys.stderr)
@@ -192,7 +209,8 @@ def _launch(args) -> int:
         )
         return 2
     try:
-        return launch(args.ranks, command, hostfile=args.hostfile, extra=args.mpiexec_args)
+        grace = {} if args.grace is None else {"grace": args.grace}
+        return launch(args.ranks, command, hostfile=args.hostfile, extra=args.mpiexec_args, **grace)
     except MpiexecNotFound as err:
         print(f"actorflow launch: error: {err}", file=sys.stderr)
         return 2
@@ -214,41 +232,81 @@ def _compile(config, args) -> int:
 def _run(config, args) -> int:
     from tqdm import tqdm
 
+    from .files import check_outputs
     from .training import train
-    from .training.report import metrics, table
     from .world import this_rank
 
-    trace = args.trace or config.output.trace
-    metrics_path = args.metrics or config.output.metrics
+    outputs = {
+        "trace": (args.trace, config.output.trace),
+        "metrics": (args.metrics, config.output.metrics),
+        "parameters": (args.parameters, config.output.parameters),
+    }
+    paths = {name: flag or key for name, (flag, key) in outputs.items()}
+    try:
+        check_outputs(
+            {f"--{name}" if flag else f"output.{name}": paths[name] for name, (flag, _) in outputs.items()},
+            {"config": args.config, "data": config.data.path},
+        )
+    except ConfigError as err:
+        print(f"actorflow run: error: {err}", file=sys.stderr)
+        return 2
     lead = this_rank() == 0  # under a launcher, rank 0 alone reports
     quiet = args.quiet or not lead
     bar = tqdm(
         total=config.train.steps, unit="step", disable=quiet or not sys.stderr.isatty(), file=sys.stderr
     )
 
+    done = 0
+
     def on_step(step: int, loss: float) -> None:
+        nonlocal done
+        done = step + 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}")
         if not quiet and (step + 1) % config.train.log_every == 0:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
     try:
-        result = train(config, on_step, trace)
+        result = train(config, on_step, paths["trace"])
     except (CompileError, ConfigError) as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if lead:
+            print(f"actorflow run: interrupted at step {done} of {config.train.steps}", file=sys.stderr)
+        return 130
     finally:
         bar.close()
-    if not lead:
+    if lead:
+        _report(config, result, paths)
+    if result.stopped is None:
         return 0
+    if lead:
+        print(f"actorflow run: {result.stopped.text}", file=sys.stderr)
+    return result.stopped.exit_status
+
+
+def _report(config, result, paths: dict[str, str | None]) -> None:
+    """Print the run's table and write its metrics and parameters (the trace is written)."""
+    import numpy as np
+
+    from .files import replaced, write_json
+    from .text import count
+    from .training.report import metrics, table
+
     print(table(config, result))
-    if trace:
-        print(f"trace written to {trace}" + (f" ({result.trace_note})" if result.trace_note else ""))
-    if metrics_path:
-        with open(metrics_path, "w") as f:
-            json.dump(metrics(config, result), f, indent=2)
-        print(f"metrics written to {metrics_path}")
-    return 0
+    if paths["trace"]:
+        print(f"trace written to {paths['trace']}" + (f" ({result.trace_note})" if result.trace_note else ""))
+    if paths["metrics"]:
+        nulls = write_json(metrics(config, result), paths["metrics"], indent=2)
+        print(
+            f"metrics written to {paths['metrics']}"
+            + (f" ({count(nulls, 'NaN or infinite number')} as null)" if nulls else "")
+        )
+    if paths["parameters"]:
+        with replaced(paths["parameters"], "wb") as f:
+            np.savez(f, **result.parameters)
+        print(f"parameters written to {paths['parameters']} ({len(result.parameters)} arrays)")
 
 
 if __name__ == "__main__":

@@ -94,10 +94,13 @@ class OptimizerConfig:
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
+    """stop_on_nonfinite: end the run at the step whose loss is NaN or infinite (exit 1)."""
+
     steps: int
     batch_size: int
     optimizer: OptimizerConfig
     log_every: int = 1
+    stop_on_nonfinite: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -155,10 +158,12 @@ class RuntimeConfig:
 
 @attrs.frozen(kw_only=True)
 class OutputConfig:
-    """Paths to write the metrics JSON and the Chrome trace to; None writes none."""
+    """Paths to write the metrics JSON, the Chrome trace and the trained parameters
+    (``.npz``, by name) to; None writes none."""
 
     metrics: str | None = None
     trace: str | None = None
+    parameters: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -328,8 +333,8 @@ def _override(raw: Mapping[str, Any], override: str, tell: Callable[[str], None]
         if not isinstance(node, Mapping):
             raise _fail(f"--set {path}", f"{'.'.join(keys[: depth + 1])} is {_shown(node)}, not a mapping")
     section = ".".join(keys[:-1])
-    if keys[-1] == "kind" and section in _ONLY_FOR and isinstance(node, Mapping):
-        taken = _ONLY_FOR[section].get(value, ())
+    if keys[-1] == "kind" and value in _ONLY_FOR.get(section, {}) and isinstance(node, Mapping):
+        taken = _ONLY_FOR[section][value]
         others = {name for kind, names in _ONLY_FOR[section].items() if kind != value for name in names}
         dropped = [key for key in node if key in others and key not in taken]
         for key in dropped:

@@ -30,8 +30,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any, BinaryIO
 
-GRACE = 3.0
-"""Seconds mpiexec gets after the first forwarded signal before its tree is killed."""
+GRACE = 10.0
+"""Seconds mpiexec gets after the first forwarded signal before its tree is killed: an
+interrupted ``actorflow run`` ends after the step in flight and then writes its report,
+its metrics and its traces, which takes seconds after a long run."""
 
 LOOPBACK = ("-launcher", "fork", "-iface", "lo", "-host", "localhost")
 LOOPBACK_ENV = {"UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo"}
@@ -41,6 +43,8 @@ _HYDRA = b"[mpiexec@"  # how hydra's own messages start
 _EXIT_CODES = re.compile(rb"\[mpiexec@[^\]]*\] Exit codes: (.*)")
 _HOST_CODES = re.compile(rb"\[([^\]]+)\] ([\d,]+)")
 _BANNER = (b"YOUR APPLICATION TERMINATED", b"This typically refers", b"Please see the FAQ", b"=")
+_FORWARDING = re.compile(rb"\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes|Press Ctrl-C again)")
+"""Hydra's notes on a forwarded Ctrl-C: the ranks' own lines say how they stopped."""
 
 
 class MpiexecNotFound(RuntimeError):
@@ -189,8 +193,12 @@ def _failures(hosts: list[tuple[str, list[int]]], interrupted: int | None) -> st
     parts = []
     for host, statuses in hosts:
         for rank, status in enumerate(statuses):
-            if status == 0 or interrupted and _killed_by(status, _TEARDOWN):
-                continue
+            if (
+                status == 0
+                or interrupted
+                and (_killed_by(status, _TEARDOWN) or _code(status) == 128 + interrupted)
+            ):
+                continue  # a rank that ended as the signal asked
             who = f"rank {rank}" if len(hosts) == 1 else f"a rank on {host}"
             if os.WIFSIGNALED(status):
                 parts.append(f"{who} was killed by {_signal_name(os.WTERMSIG(status))}")
@@ -363,7 +371,8 @@ class _Demux:
 
 class _HydraText:
     """Hydra's own lines on one stream: takes the exit codes out and drops the banner,
-    which names the OR of the ranks' statuses as if it were one."""
+    which names the OR of the ranks' statuses as if it were one, and its notes on a
+    forwarded Ctrl-C."""
 
     def __init__(self) -> None:
         self.hosts: list[tuple[str, list[int]]] = []  # (host, wait status of each rank)
@@ -377,7 +386,7 @@ class _HydraText:
             self.hosts.append((m[1].decode(errors="replace"), [int(c) for c in m[2].split(b",")]))
             return None
         self._codes = False
-        return None if line.startswith(_BANNER) else line
+        return None if line.startswith(_BANNER) or _FORWARDING.match(line) else line
 
 
 def _pump(pipe: BinaryIO, sink: BinaryIO, width: int, hydra: _HydraText) -> None:

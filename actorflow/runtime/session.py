@@ -112,9 +112,12 @@ class Session:
             return trio.from_thread.run(self._runtime.run, checked, trio_token=token)
         except trio.RunFinishedError:
             raise self._died() from self._error
-        except BaseException:
-            if self._runtime.failed:
-                self.close()
+        except BaseException as exc:
+            if not self._runtime.failed:  # left midway (a Ctrl-C): the run can't go on
+                with contextlib.suppress(trio.RunFinishedError):
+                    stopped = RuntimeError(f"the run was abandoned midway ({type(exc).__name__})")
+                    trio.from_thread.run_sync(self._runtime.fail, stopped, trio_token=token)
+            self.close()
             raise
 
     def parameters(self) -> dict[str, np.ndarray]:

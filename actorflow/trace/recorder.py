@@ -59,6 +59,7 @@ from typing import Any
 import attrs
 
 from ..collector import cyclic_gc_paused
+from ..files import replaced
 
 WAIT = "wait"
 STEP = "step"
@@ -256,8 +257,9 @@ def chrome_trace(spans: Iterable[Span], keep_inputs: bool = False) -> dict[str, 
 
 
 def write_chrome(trace: dict[str, Any], path: str | os.PathLike) -> None:
-    """Compact JSON, numpy scalars in args as plain numbers."""
-    with open(path, "w") as f:
+    """Compact JSON, numpy scalars in args as plain numbers, in place of ``path`` (see
+    ``files.replaced``)."""
+    with replaced(path) as f:
         json.dump(trace, f, separators=(",", ":"), default=_plain)
 
 

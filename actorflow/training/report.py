@@ -13,7 +13,7 @@ from .runner import RunResult
 def table(config: Config, result: RunResult) -> str:
     parallel = config.parallel
     lines = [
-        f"{config.train.steps} steps of {config.train.batch_size} samples in {result.seconds:.2f} s: "
+        f"{_steps(config, result)} of {config.train.batch_size} samples in {result.seconds:.2f} s: "
         f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
         f"pipeline: {count(len(parallel.stages), 'stage')} x {count(parallel.data_parallel, 'replica')}"
         + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
@@ -84,10 +84,17 @@ def _theory_line(schedule: str, result: RunResult) -> str:
     )
 
 
+def _steps(config: Config, result: RunResult) -> str:
+    run = len(result.losses)
+    return f"{run} steps" if run == config.train.steps else f"{run} of {config.train.steps} steps"
+
+
 def metrics(config: Config, result: RunResult) -> dict[str, Any]:
     return {
         "config": config.to_dict(),
         "steps": config.train.steps,
+        "steps_run": len(result.losses),
+        "stopped": result.stopped.text if result.stopped else None,
         "seconds": result.seconds,
         "samples_per_second": result.samples_per_second,
         "order": result.ordered_by,

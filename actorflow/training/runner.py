@@ -21,6 +21,7 @@ from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from .data import Part, dataset, step_feeds
 from .model import build_graph
+from .stopping import Interrupts, Stop, nonfinite
 
 REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB, 100+ steps
 
@@ -50,7 +51,8 @@ class RunResult:
     collectives; ``balanced``:
     per stage, the bubble with its measured busy time and none between kernels (uneven
     stages make it larger than ``theory``; see ``trace.metrics.balanced_bubbles``), empty
-    where this rank did not measure every stage. Over ranks, rank
+    where this rank did not measure every stage; ``stopped``: why the run ended before
+    train.steps, with ``losses`` of the steps it ran (see ``stopping``). Over ranks, rank
     0's result has every stage's numbers and every parameter; another rank's, its own."""
 
     losses: list[float]
@@ -71,6 +73,7 @@ class RunResult:
     balanced: list[float] = attrs.Factory(list)
     passes: dict[str, float] = attrs.Factory(dict)
     ordered_by: str = "replay"
+    stopped: Stop | None = None
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -107,7 +110,8 @@ def train(
     what the report needs from the others once the steps are done."""
     data = dataset(config)
     plan = compile_config(config)
-    losses = []
+    losses: list[float] = []
+    stopped = None
     with Session(
         plan,
         trace=True,
@@ -117,11 +121,17 @@ def train(
         rank = session.rank
         parts = local_feeds(plan, rank)
         start = time.perf_counter()
-        for step in range(config.train.steps):
-            outputs = session.run(step_feeds(config, data, step, parts))
-            losses.append(float(np.mean([o["loss"] for o in outputs])))
-            if on_step is not None:
-                on_step(step, losses[-1])
+        with Interrupts(plan.world) as interrupts:
+            for step in range(config.train.steps):
+                outputs = session.run(step_feeds(config, data, step, parts))
+                losses.append(float(np.mean([o["loss"] for o in outputs])))
+                if on_step is not None:
+                    on_step(step, losses[-1])
+                if config.train.stop_on_nonfinite and (stopped := nonfinite(losses, config.train.steps)):
+                    break
+                if interrupts.stop_now() and step + 1 < config.train.steps:
+                    stopped = Stop("interrupted", f"interrupted at step {step + 1} of {config.train.steps}")
+                    break
         seconds = time.perf_counter() - start
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
@@ -161,9 +171,9 @@ def train(
     return RunResult(
         losses=losses,
         seconds=seconds,
-        samples_per_second=config.train.steps * config.train.batch_size / seconds,
+        samples_per_second=len(losses) * config.train.batch_size / seconds,
         bubbles=bubbles,
-        bubble_steps=config.train.steps - other.get("kept_from", 0),
+        bubble_steps=len(losses) - other.get("kept_from", 0),
         trace_note=other.get("note", "") if trace is not None else "",
         theory=theory,
         passes=passes,
@@ -177,6 +187,7 @@ def train(
         handoff_share=summary.critical_path.shares.get(GAP, 0.0),
         communication_share=summary.critical_path.communication_share,
         ordered_by=ordered_by,
+        stopped=stopped,
     )
 
 

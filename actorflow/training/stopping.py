@@ -1,0 +1,93 @@
+"""Why a run ends before its last step: a Ctrl-C, or a loss that stopped being finite.
+
+Either way the run ends between two steps, so what it reports (losses, bubbles,
+parameters, metrics) is whole. Over ranks every rank must end after the same step, or
+the others would wait for a step it never runs: a loss is the same on every rank (the
+run's outputs reach each one), and a Ctrl-C, which may reach the ranks in different
+steps, is shared by an allreduce that each step starts and the next completes, so
+sharing it costs no wait and the ranks stop one step after the first of them heard it.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+from types import FrameType, TracebackType
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ..runtime.transport import mpi
+
+
+@attrs.frozen
+class Stop:
+    """``kind``: "interrupted" (exit status 130) or "nonfinite" (1); ``text``: one line."""
+
+    kind: str
+    text: str
+
+    @property
+    def exit_status(self) -> int:
+        return 130 if self.kind == "interrupted" else 1
+
+
+def nonfinite(losses: list[float], steps: int) -> Stop | None:
+    """A Stop if the latest loss is NaN or infinite, naming its step and the last finite loss."""
+    if math.isfinite(losses[-1]):
+        return None
+    finite = [(k, loss) for k, loss in enumerate(losses) if math.isfinite(loss)]
+    last = (
+        f"the last finite loss was {finite[-1][1]:.6g} at step {finite[-1][0] + 1}"
+        if finite
+        else "no loss was finite"
+    )
+    return Stop(
+        "nonfinite",
+        f"the loss is {losses[-1]} at step {len(losses)} of {steps} ({last}); stopped there "
+        "(train.stop_on_nonfinite: false trains on)",
+    )
+
+
+class Interrupts:
+    """``with Interrupts(world) as i: ... if i.stop_now(): break``: a first Ctrl-C
+    asks the run to stop after the step in flight, a second raises KeyboardInterrupt at
+    once. Only the main thread can catch signals: elsewhere nothing is installed."""
+
+    def __init__(self, world: int) -> None:
+        self.heard = False
+        self._world = world
+        self._old: Any = None
+        self._vote: Any = None  # over ranks: the allreduce of the previous step's ask
+        self._asked = np.zeros(2, np.uint8)  # this rank's ask, and every rank's
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._hear)
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._vote is not None and kind is None:
+            self._vote.Wait()  # every rank completes the last one it started
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+    def _hear(self, signum: int, frame: FrameType | None) -> None:
+        if self.heard:
+            raise KeyboardInterrupt
+        self.heard = True
+
+    def stop_now(self) -> bool:
+        """Whether the run stops after the step every rank has just run."""
+        if self._world == 1:
+            return self.heard
+        if self._vote is not None:
+            self._vote.Wait()
+            self._vote = None
+            if self._asked[1]:
+                return True
+        self._asked = np.array([self.heard, False], np.uint8)
+        self._vote = mpi().COMM_WORLD.Iallreduce(self._asked[:1], self._asked[1:], op=mpi().MAX)
+        return False
