@@ -6,7 +6,8 @@ at something that exists, every register's consumers read it, the streams, event
 ranks agree, each send has its receive, and no wait-for cycle can hang a run. The first
 problem found is raised, naming the actor, register, stream or collective concerned.
 
-It reads a plan only through its attributes, so it sits below ``plan.py``, which imports it.
+It reads a plan's records (``plan_data``) and sits below the round trip through bytes
+(``plan_bytes``), which runs it on what it reads.
 """
 
 from __future__ import annotations
@@ -15,15 +16,13 @@ import functools
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from .dag import find_cycle
 from .errors import CompileError, DeadlockError
-
-if TYPE_CHECKING:
-    from .plan import Actor, Collective, Plan
+from .plan_data import Actor, Collective, PlanData
 
 ACTOR_KINDS = ("compute", "copy", "collective", "feed", "fetch", "variable", "update", "send", "recv")
 SYNCS = ("stream", "event", "implied", "completion")
@@ -31,7 +30,7 @@ STREAM_KINDS = ("compute", "copy", "collective", "comm")
 LOGICAL_KINDS = ("feed", "output", "parameter")
 
 
-def validate(plan: Plan) -> None:
+def validate(plan: PlanData) -> None:
     """Raise a ``DeadlockError`` for a wait-for cycle and a ``CompileError`` for anything
     else that would make a run fail, hang or go wrong before its kernels do."""
     _check_header(plan)
@@ -49,7 +48,7 @@ def validate(plan: Plan) -> None:
     _check_deadlock(plan)
 
 
-def unit_of(plan: Plan) -> dict[int, int]:
+def unit_of(plan: PlanData) -> dict[int, int]:
     """Actor id -> unit id: the first participant's id for collectives, else the actor's own."""
     unit = {a.id: a.id for a in plan.actors}
     for coll in plan.collectives:
@@ -58,7 +57,7 @@ def unit_of(plan: Plan) -> dict[int, int]:
     return unit
 
 
-def data_edges(plan: Plan, across_ranks: bool = True) -> dict[int, set[int]]:
+def data_edges(plan: PlanData, across_ranks: bool = True) -> dict[int, set[int]]:
     """Producer unit -> consumer units, over non-parameter registers, and each send ->
     its receive (a register crossing ranks: one edge, though no register joins them),
     unless not ``across_ranks``."""
@@ -78,7 +77,7 @@ def data_edges(plan: Plan, across_ranks: bool = True) -> dict[int, set[int]]:
     return edges
 
 
-def transfers(plan: Plan) -> list[tuple[int, int]]:
+def transfers(plan: PlanData) -> list[tuple[int, int]]:
     """(send, receive) actor ids of each register crossing ranks (one ``tag`` each)."""
     halves: dict[tuple[str, Any], int] = {
         (a.kind, a.attrs["tag"]): a.id for a in plan.actors if a.kind in ("send", "recv")
@@ -86,7 +85,16 @@ def transfers(plan: Plan) -> list[tuple[int, int]]:
     return [(a, halves[("recv", tag)]) for (kind, tag), a in halves.items() if kind == "send"]
 
 
-def call_edges(plan: Plan) -> dict:
+def transfer_peers(plan: PlanData) -> dict[int, Actor]:
+    """Each send's receive and each receive's send (by actor id): the two halves of a
+    register crossing ranks share a tag."""
+    peers = {}
+    for send, recv in transfers(plan):
+        peers[send], peers[recv] = plan.actors[recv], plan.actors[send]
+    return peers
+
+
+def call_edges(plan: PlanData) -> dict:
     """``data_edges`` with each reused communication subgraph (``Actor.calls`` > 1) split
     into its calls, nodes (unit, call) chained in call order: what waits on what at run
     time, where one subgraph node would join inputs of late calls to readers of early ones."""
@@ -115,7 +123,7 @@ def call_edges(plan: Plan) -> dict:
     return edges
 
 
-def _check_header(plan: Plan) -> None:
+def _check_header(plan: PlanData) -> None:
     numbered: tuple[tuple[str, Sequence[Any]], ...] = (
         ("actor", plan.actors),
         ("register", plan.registers),
@@ -146,14 +154,14 @@ def _check_header(plan: Plan) -> None:
             raise CompileError(f"link {plan.link}: bandwidth must be > 0 and latency >= 0")
 
 
-def _rank_of(plan: Plan, device: str, what: str) -> int:
+def _rank_of(plan: PlanData, device: str, what: str) -> int:
     """``plan.rank_of``, refusing a rank's stream device (``rankN``) that names no rank."""
     if device.startswith("rank") and not (device[4:].isdigit() and int(device[4:]) < plan.world):
         raise CompileError(f"{what} is on {device!r}, which names no rank of world {plan.world}")
     return plan.rank_of(device)
 
 
-def _check_streams(plan: Plan) -> None:
+def _check_streams(plan: PlanData) -> None:
     for s in plan.streams:
         if s.kind not in STREAM_KINDS:
             raise CompileError(f"stream {s.name!r} has kind {s.kind!r}, not one of {list(STREAM_KINDS)}")
@@ -171,7 +179,7 @@ def _numeric_dtype(name: str) -> bool:
     return dtype.name == name and dtype.kind in "biufc"
 
 
-def _check_registers(plan: Plan) -> None:
+def _check_registers(plan: PlanData) -> None:
     n = len(plan.actors)
     first_on: dict[str, str] = {}
     for r in plan.registers:
@@ -202,7 +210,7 @@ def _check_registers(plan: Plan) -> None:
                 )
 
 
-def _check_memory(plan: Plan) -> None:
+def _check_memory(plan: PlanData) -> None:
     """The planned memory per device is what its registers take (bytes x quota), so a
     register whose shape, dtype or quota changed after planning is noticed."""
     needed: dict[str, int] = {}
@@ -216,7 +224,7 @@ def _check_memory(plan: Plan) -> None:
         )
 
 
-def _check_actors(plan: Plan) -> None:
+def _check_actors(plan: PlanData) -> None:
     for a in plan.actors:
         if a.kind not in ACTOR_KINDS:
             raise CompileError(f"actor {a.name!r} has kind {a.kind!r}, not one of {list(ACTOR_KINDS)}")
@@ -247,7 +255,7 @@ def _check_actors(plan: Plan) -> None:
         _check_attrs(a, a.kernel, a.attrs)
 
 
-def _check_input(plan: Plan, a: Actor, k: int, i: Any) -> None:
+def _check_input(plan: PlanData, a: Actor, k: int, i: Any) -> None:
     where = f"actor {a.name!r}: input {k}"
     if not 0 <= i.register < len(plan.registers):
         raise CompileError(f"{where} reads register {i.register}; there are {len(plan.registers)}")
@@ -283,7 +291,7 @@ def _refused_attrs(kernel: Callable, names: tuple[str, ...]) -> str | None:
     return None
 
 
-def _check_parts(plan: Plan, a: Actor) -> None:
+def _check_parts(plan: PlanData, a: Actor) -> None:
     """A fused chain (an op of several, ``Actor.ops``) carries one part per op: its
     kernel, attrs, sources and targets (within the actor's data inputs and outputs),
     phase flag, name and where (``ops.chain``)."""
@@ -325,7 +333,7 @@ def _check_parts(plan: Plan, a: Actor) -> None:
         written.update(part[3])
 
 
-def _check_chains(plan: Plan) -> None:
+def _check_chains(plan: PlanData) -> None:
     """Each fused chain's parts (once consumers are known good: a part's phase depends on
     who reads the actor's outputs)."""
     for a in plan.actors:
@@ -351,7 +359,7 @@ def _name(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
 
 
-def _check_consumers(plan: Plan) -> None:
+def _check_consumers(plan: PlanData) -> None:
     """Each consumer of a register reads it at the slot it names, each input of a produced
     register is among its consumers, and both sides are on one rank (a send and a receive
     carry what crosses ranks)."""
@@ -383,7 +391,7 @@ def _check_consumers(plan: Plan) -> None:
                 )
 
 
-def _check_transfers(plan: Plan) -> None:
+def _check_transfers(plan: PlanData) -> None:
     """Each send has one receive with its tag on the rank it names, and the other way
     round; both carry one shape and dtype."""
     halves: dict[tuple[str, int], Actor] = {}
@@ -429,7 +437,7 @@ def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_collectives(plan: Plan) -> None:
+def _check_collectives(plan: PlanData) -> None:
     """Each collective actor takes part in one collective, the one its ``group`` names;
     a collective's participants act at one rate, on one stream per rank."""
     owner: dict[int, Any] = {}
@@ -465,7 +473,7 @@ def _check_collectives(plan: Plan) -> None:
     _check_collective_rates(plan)
 
 
-def _check_collective_rates(plan: Plan) -> None:
+def _check_collective_rates(plan: PlanData) -> None:
     """A collective stream runs its once-per-micro-batch collectives as one run repeated
     for each micro-batch (``runtime.driver.step_order``): in the collective order, a
     stream's collectives acting once per step may come before that run and after it,
@@ -487,7 +495,7 @@ def _check_collective_rates(plan: Plan) -> None:
             )
 
 
-def _check_calls(plan: Plan) -> None:
+def _check_calls(plan: PlanData) -> None:
     """A reused communication subgraph (``Actor.calls`` > 1, see the compiler's ``reuse``)
     is a collective whose participants read one input per call; each consumer of what it
     makes reads one of its calls (``Consumer.call``), every other consumer call 0."""
@@ -525,7 +533,7 @@ def _check_calls(plan: Plan) -> None:
                 )
 
 
-def _check_ends(plan: Plan) -> None:
+def _check_ends(plan: PlanData) -> None:
     """Feeds, outputs and parameters: each names an actor or register that exists and
     fits, once (an output once per rank: every rank gets every output); each feed and
     fetch actor has its feed or output."""
@@ -581,7 +589,7 @@ def _check_ends(plan: Plan) -> None:
         raise CompileError(f"parameter and variable registers {unvalued} have no initial value")
 
 
-def _check_logical(plan: Plan) -> None:
+def _check_logical(plan: PlanData) -> None:
     """A logical tensor's parts fit together (a part this plan lacks is left out: the
     runtime puts one together only from all its parts)."""
     shapes: dict[str, dict[str, Any]] = {
@@ -612,11 +620,11 @@ def _check_logical(plan: Plan) -> None:
             raise CompileError(f"{where}: parts of sbp {lt.sbp} have shapes {parts}, not one shape")
 
 
-def _read_shape(plan: Plan, fetch: Actor) -> tuple[int, ...] | None:
+def _read_shape(plan: PlanData, fetch: Actor) -> tuple[int, ...] | None:
     return plan.registers[fetch.inputs[0].register].shape if fetch.inputs else None
 
 
-def _check_deadlock(plan: Plan) -> None:
+def _check_deadlock(plan: PlanData) -> None:
     """The wait-for graph has the data edges (producer before consumer, within an
     iteration; a reused communication subgraph split into its calls) and the collective
     order (each collective stream runs its collectives one after another in that order);
@@ -642,7 +650,7 @@ def _check_deadlock(plan: Plan) -> None:
     raise DeadlockError("the plan can deadlock: wait-for cycle " + " ".join(steps))
 
 
-def stream_order_pairs(plan: Plan) -> list[tuple[Collective, Collective]]:
+def stream_order_pairs(plan: PlanData) -> list[tuple[Collective, Collective]]:
     """Consecutive collectives of each collective stream, in the collective order: what
     the streams wait on (each runs its part of the order, one after another)."""
     last: dict[int, Collective] = {}

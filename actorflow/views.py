@@ -3,7 +3,8 @@ full listing is ``Plan.summary()``)."""
 
 from __future__ import annotations
 
-from .plan import Plan, headline, stream_usage
+from .plan import Plan
+from .plan_summary import headline, stream_usage
 
 _SYNC_STYLE = {
     "stream": "",

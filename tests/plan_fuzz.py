@@ -24,7 +24,7 @@ import trio
 import actorflow as af
 from actorflow.errors import CompileError, DeadlockError
 from actorflow.ops.gradient_ops import scale
-from actorflow.plan import _converter, _seal, _unseal
+from actorflow.plan_bytes import _converter, _seal, _unseal
 
 STALL_TIMEOUT = 0.5
 DEADLINE = 5.0

@@ -24,31 +24,44 @@ def test_tool_is_clean(command):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def runtime_imports() -> dict[str, set[str]]:
-    """Per module of ``actorflow/runtime``, the modules of the package it imports (by name,
-    anywhere in the module, TYPE_CHECKING blocks and function bodies included)."""
+def package_imports() -> dict[str, set[str]]:
+    """Per module of ``actorflow`` (a package by its ``__init__``), the modules of the
+    package it imports, anywhere in the module: TYPE_CHECKING blocks and function bodies
+    included. ``from .x import y`` counts as importing ``x.y`` where that is a module."""
     import ast
 
-    folder = ROOT / "actorflow" / "runtime"
+    package = ROOT / "actorflow"
+    modules = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     graph: dict[str, set[str]] = {}
-    for path in folder.glob("*.py"):
-        found = graph.setdefault(path.stem, set())
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found = graph.setdefault(name, set())
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif (
-                isinstance(node, ast.ImportFrom)
-                and node.level == 2
-                and (node.module or "").startswith(("compiler", "ops"))
-            ):
-                found.add("../" + (node.module or ""))
+            if isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                found.update(
+                    f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names
+                )
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        found &= modules.keys() - {name}
     return graph
 
 
-def test_the_runtime_has_no_import_circle_and_never_imports_the_compiler_or_the_ops():
+def test_the_package_has_no_import_circle():
     from actorflow.dag import find_cycle
 
-    graph = runtime_imports()
-    assert not [m for deps in graph.values() for m in deps if m.startswith("../")]
-    edges = {m: sorted(d for d in deps if d in graph) for m, deps in graph.items()}
+    edges = {m: sorted(deps) for m, deps in package_imports().items()}
     assert find_cycle(edges) is None, find_cycle(edges)
+
+
+def test_the_runtime_never_imports_the_compiler_or_the_ops():
+    runtime = {m: deps for m, deps in package_imports().items() if m.startswith("actorflow.runtime")}
+    assert runtime
+    assert not [
+        d for deps in runtime.values() for d in deps if d.startswith(("actorflow.compiler", "actorflow.ops"))
+    ]

@@ -13,7 +13,7 @@ import pytest
 
 import actorflow as af
 import userfns
-from actorflow.plan import _converter, _encode, _seal, _unseal
+from actorflow.plan_bytes import _converter, _encode, _seal, _unseal
 
 
 def build_graph(fn=userfns.double):

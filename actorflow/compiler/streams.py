@@ -14,7 +14,8 @@ rank that would need more than ``max_streams`` streams is a CompileError.
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream, kinds_text, streams_per_rank
+from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream
+from ..plan_summary import kinds_text, streams_per_rank
 from ..records import evolve
 
 RANK_STREAMS = ("collective", "comm")

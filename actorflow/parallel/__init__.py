@@ -5,6 +5,7 @@ from .build import box, gradients, minimize, output, parameter, placeholder
 from .global_tensor import GlobalTensor
 from .recompute import recompute
 from .sbp import B, P, S
+from .signatures import dispatch
 
 __all__ = [
     "B",
@@ -12,6 +13,7 @@ __all__ = [
     "P",
     "S",
     "box",
+    "dispatch",
     "gradients",
     "minimize",
     "output",

@@ -1,5 +1,6 @@
 """A tensor placed on several devices: its logical shape and SBP, and one local tensor
-per device. Ops given one expand into per-device ops (see ``signatures``)."""
+per device. Ops given one expand into per-device ops (``signatures`` registers the
+dispatch)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,6 @@ class GlobalTensor:
 
     def __attrs_post_init__(self) -> None:
         self.locals[0].graph.sbp[self.name] = repr(self.sbp)
-
-    @staticmethod
-    def __actorflow_dispatch__(op, args, kwargs):
-        from .signatures import dispatch
-
-        return dispatch(op, args, kwargs)
 
 
 def local_shape(op: str, shape: tuple[int, ...], sbp: SBP, devices: int) -> tuple[int, ...]:

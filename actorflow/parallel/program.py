@@ -21,6 +21,7 @@ import attrs
 
 from ..errors import GraphError
 from ..graph import builder as g
+from ..graph.dispatch import register
 from ..graph.ir import Graph, Tensor
 from .global_tensor import GlobalTensor
 from .sbp import SBP
@@ -38,10 +39,6 @@ class Pending:
     @property
     def ndim(self) -> int:
         return len(self.shape)
-
-    @staticmethod
-    def __actorflow_dispatch__(op, args, kwargs):
-        return record_call(op, args, kwargs)
 
 
 @attrs.frozen(eq=False)
@@ -149,3 +146,6 @@ def _pending(probe: Any, devices: tuple[str, ...], graph: Graph) -> Any:
     if probe is None:
         return None
     return Pending(probe.shape, probe.dtype, devices, graph)
+
+
+register(Pending, record_call)

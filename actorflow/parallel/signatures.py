@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import ops
 from ..errors import GraphError
+from ..graph.dispatch import register
 from ..graph.ir import Tensor
 from .boxing import box
 from .global_tensor import GlobalTensor
@@ -351,3 +352,5 @@ _RULES: dict[str, Rule] = {
     "reshape": _reshape,
     "transpose": _transpose,
 }
+
+register(GlobalTensor, dispatch)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan import Actor, Plan, transfer_peers
+from ..plan import Actor, Plan
+from ..plan_check import transfer_peers
 from ..trace.recorder import Span
 from .protocol import last_micro_batch
 from .wiring import InputSpec, Unit

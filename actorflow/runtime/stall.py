@@ -13,7 +13,8 @@ import trio
 
 from ..dag import topological_order
 from ..errors import StallError
-from ..plan import Plan, transfer_peers
+from ..plan import Plan
+from ..plan_check import transfer_peers
 from .debug import lacking
 from .device import Programs
 from .driver import Driver
