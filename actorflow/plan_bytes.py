@@ -26,7 +26,7 @@ from .errors import CompileError, PlanSerializationError
 from .plan_check import validate
 from .plan_data import PlanData
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 
 P = TypeVar("P", bound=PlanData)
 

@@ -48,6 +48,22 @@ def validate(plan: PlanData) -> None:
     _check_deadlock(plan)
 
 
+def lint(plan: PlanData) -> None:
+    """What ``validate`` checks that holds between the compiler's passes too: all but
+    the actors' and collectives' streams and syncs and the planned memory, which the
+    later passes decide."""
+    _check_header(plan)
+    _check_streams(plan)
+    _check_registers(plan)
+    _check_consumers(plan)
+    _check_chains(plan)
+    _check_transfers(plan)
+    _check_calls(plan)
+    _check_ends(plan)
+    _check_logical(plan)
+    _check_deadlock(plan)
+
+
 def unit_of(plan: PlanData) -> dict[int, int]:
     """Actor id -> unit id: the first participant's id for collectives, else the actor's own."""
     unit = {a.id: a.id for a in plan.actors}

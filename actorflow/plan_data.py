@@ -267,6 +267,13 @@ class PlanData:
     sbp: dict[str, str] = attrs.Factory(dict)
     """The SBP of every tensor on several devices, by its (logical) name: those the user
     annotated and those the ops' signatures (or the compiler) chose."""
+    quota_wishes: dict[str, int] = attrs.Factory(dict)
+    """Register name -> the quota a pass asked for (a pipeline schedule's, 1 inside a
+    fused chain, ...), where an earlier pass's wish stands; ``quotas`` given to
+    ``compile`` override them and ``plan_registers`` applies them."""
+    quota_floors: dict[str, int] = attrs.Factory(dict)
+    """Register name -> the fewest buffers it needs not to deadlock (a reused
+    communication subgraph's shared register), raising any quota below it."""
 
     def rank_of(self, device: str) -> int:
         """The rank of a device, or of a rank's own streams (``rankN``)."""

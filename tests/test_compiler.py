@@ -635,3 +635,66 @@ def test_a_copy_stream_with_feeds_gets_fetches_at_completion():
     (fetch,) = [a for a in plan.actors if a.kind == "fetch"]
     assert [i.sync for i in fetch.inputs] == ["completion"]
     assert [i.sync for i in by_name(plan)["r"].inputs] == ["event"]
+
+
+# -- options and the pass runner -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("quota", 0),
+        ("quotas", {"h": 0}),
+        ("priority", "yes"),
+        ("link_bandwidth", 0),
+        ("link_latency", -1.0),
+        ("fusion", 1),
+        ("fuse_kernels", None),
+        ("bucket_first", -1),
+        ("bucket_cap", 1.5),
+        ("overlap", "no"),
+        ("micro_batches", 0),
+        ("stages", []),
+        ("schedule", "zigzag"),
+        ("ranks", 0),
+        ("max_streams", 0),
+        ("max_ops_per_stream", -2),
+        ("max_labels", True),
+        ("max_memory", 0),
+        ("comm_reuse", "-1"),
+    ],
+)
+def test_every_option_is_checked_before_any_pass(monkeypatch, option, value):
+    def no_pass(*args, **kwargs):
+        raise AssertionError("a pass ran before the options were checked")
+
+    monkeypatch.setattr(actorflow.compiler, "expand", no_pass)
+    with pytest.raises(af.CompileError, match=f"^{option}: "):
+        af.compile(two_device_graph(), **{option: value})
+
+
+def test_an_option_compile_does_not_have_is_a_compile_error():
+    with pytest.raises(af.CompileError, match="compile has no option quotaa"):
+        af.compile(two_device_graph(), quotaa=2)
+
+
+def test_with_the_passes_flag_the_plan_is_checked_after_each_pass_and_compiles_the_same(monkeypatch):
+    plain = af.compile(two_device_graph(), micro_batches=2, quota=3)
+    monkeypatch.setenv("ACTORFLOW_DEBUG", "passes")
+    assert af.compile(two_device_graph(), micro_batches=2, quota=3) == plain
+
+
+def test_the_passes_flag_names_the_pass_that_broke_the_plan(monkeypatch):
+    order_updates = actorflow.compiler.order_updates
+
+    def forgets_a_consumer(plan):
+        plan = order_updates(plan)
+        read = next(r for r in plan.registers if r.consumers and not r.is_parameter)
+        registers = list(plan.registers)
+        registers[read.id] = attrs.evolve(read, consumers=read.consumers[1:])
+        return attrs.evolve(plan, registers=tuple(registers))
+
+    monkeypatch.setattr(actorflow.compiler, "order_updates", forgets_a_consumer)
+    monkeypatch.setenv("ACTORFLOW_DEBUG", "passes")
+    with pytest.raises(af.CompileError, match="^after pass order_updates: "):
+        af.compile(two_device_graph())

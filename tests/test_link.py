@@ -65,7 +65,10 @@ def test_a_collective_lasts_at_least_its_emulated_time_and_computes_the_same():
         np.testing.assert_array_equal(o["y1"], np.full((8, 4), 3.0))
 
 
-@pytest.mark.parametrize("bandwidth, latency", [(0, 0.0), (-1, 0.0), (1e9, -1e-6)])
-def test_bad_link_options_are_refused(bandwidth, latency):
-    with pytest.raises(ValueError, match="link_bandwidth"):
+@pytest.mark.parametrize(
+    "bandwidth, latency, option",
+    [(0, 0.0, "link_bandwidth"), (-1, 0.0, "link_bandwidth"), (1e9, -1e-6, "link_latency")],
+)
+def test_bad_link_options_are_refused(bandwidth, latency, option):
+    with pytest.raises(af.CompileError, match=f"^{option}: "):
         af.compile(collective_graph("all_reduce", 2), link_bandwidth=bandwidth, link_latency=latency)

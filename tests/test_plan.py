@@ -229,7 +229,7 @@ def test_any_changed_byte_is_refused_by_the_digest(plan):
 def test_a_plan_of_another_format_is_refused_naming_the_format(plan):
     payload = _unseal(plan.to_bytes())
     data = msgpack.packb({"format": 1, "plan": msgpack.unpackb(payload, strict_map_key=False)})
-    assert "a serialized Plan of format 1; this actorflow reads format 3" in str(load_error(data))
+    assert "a serialized Plan of format 1; this actorflow reads format 4" in str(load_error(data))
 
 
 @pytest.mark.parametrize(

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 from ..collector import cyclic_gc_paused
-from ..devices import parse_device
+from ..debug_flags import debug_flags
 from ..errors import CompileError
-from ..graph.ir import Graph, Tensor
+from ..graph.ir import Graph
 from ..ops.registry import lookup
 from ..parallel.program import undecided
-from ..plan import DEFAULT_RESOURCES, Plan
+from ..plan import Plan
+from ..plan_check import lint as plan_lint
 from ..records import evolve
 from .chains import fuse_chains
 from .check import check
@@ -22,12 +25,13 @@ from .fusion import fuse_collectives
 from .link import emulate_links, predict_communication
 from .micro_batches import split_micro_batches
 from .optimizer_shards import shard_optimizer
+from .options import CompileOptions, compile_options
 from .priorities import assign_priorities
-from .ranks import Ranks, place_ranks, plan_devices, split_ranks
+from .ranks import place_ranks, plan_devices, split_ranks
 from .recompute import recompute, recompute_quotas
 from .registers import plan_registers
-from .resources import checked_resources, memory_limit
-from .reuse import reuse_communication, reuse_limit
+from .resources import memory_limit
+from .reuse import reuse_communication
 from .sbp_search import choose_sbp
 from .schedules import ZERO_BUBBLE, schedule_quotas
 from .streams import assign_streams
@@ -35,30 +39,12 @@ from .updates import order_updates
 
 
 @cyclic_gc_paused()
-def compile(
-    graph: Graph,
-    *,
-    quota: int = 2,
-    quotas: Mapping[str | Tensor, int] | None = None,
-    priority: bool = True,
-    link_bandwidth: float | None = None,
-    link_latency: float = 0.0,
-    fusion: bool = True,
-    fuse_kernels: bool = True,
-    bucket_first: int = 1 << 20,
-    bucket_cap: int = 25 << 20,
-    overlap: bool = True,
-    micro_batches: int = 1,
-    stages: Sequence[str | Sequence[str]] | None = None,
-    schedule: str | None = None,
-    ranks: Ranks = None,
-    max_streams: int = DEFAULT_RESOURCES.max_streams,
-    max_ops_per_stream: int = DEFAULT_RESOURCES.max_ops_per_stream,
-    max_labels: int = DEFAULT_RESOURCES.max_labels,
-    max_memory: int | None = None,
-    comm_reuse: int | None = None,
-) -> Plan:
-    """Lower ``graph`` into a Plan.
+def compile(graph: Graph, **options: Any) -> Plan:
+    """Lower ``graph`` into a Plan by the passes of ``passes``, the options checked
+    first (``options.CompileOptions``: a bad one is a CompileError naming it). With
+    ``ACTORFLOW_DEBUG=passes`` the plan is checked after each pass (``lint``).
+
+    Options (keywords):
 
     quota: buffers per register (default for all); quotas: per-tensor overrides, keyed by
     tensor or tensor name; priority: compute-first launch order (False: off, for
@@ -101,60 +87,95 @@ def compile(
     which wins when set: -1 on with the default limit of 1000 reused collectives, a
     positive int on with that limit, None (the default) off.
     """
+    checked = compile_options(**options)
     if undecided(graph):
-        graph = choose_sbp(graph, link_bandwidth)
+        graph = choose_sbp(graph, checked.link_bandwidth)
     _warn_if_nothing_to_see(graph)
-    limits = checked_resources(max_streams, max_ops_per_stream, max_labels, max_memory)
-    reuse = reuse_limit(comm_reuse)
-    overrides = {(k.name if isinstance(k, Tensor) else k): v for k, v in (quotas or {}).items()}
     plan = expand(graph)
-    plan = recompute(plan)
-    plan = split_micro_batches(plan, micro_batches)
-    plan, gathered = shard_optimizer(plan, graph.optimizer_shards)
-    overrides = dict.fromkeys(gathered, 1) | overrides
-    plan = order_updates(plan)
-    if fuse_kernels:
-        plan, internal = fuse_chains(plan)
-        overrides = dict.fromkeys(internal, 1) | overrides
-    if fusion:
-        plan = fuse_collectives(plan, bucket_first, bucket_cap)
-    plan = split_ranks(plan, *place_ranks(plan_devices(plan), ranks))
-    plan = order_collectives(plan)
-    plan, floors = reuse_communication(plan, reuse, limits.max_ops_per_stream, limits.max_labels)
-    plan = assign_streams(plan, limits)
-    plan = predict_communication(plan)
-    if link_bandwidth is not None:
-        plan = emulate_links(plan, link_bandwidth, link_latency)
-    plan = insert_events(plan)
-    if stages is not None or schedule is not None:
-        devices = _stage_devices(stages)
-        plan = evolve(plan, stages=tuple(map(tuple, devices)))
-    if schedule is not None:
-        overrides = schedule_quotas(plan, devices, schedule, quota) | overrides
-    overrides = recompute_quotas(plan) | overrides
-    overrides |= {name: max(least, overrides.get(name, quota)) for name, least in floors.items()}
-    plan = plan_registers(plan, quota, overrides, memory_limit(limits))
-    plan = assign_priorities(plan, compute_first=priority, defer_weight_grads=schedule in ZERO_BUBBLE)
-    return check(evolve(plan, overlap=overlap, resources=limits))
+    linting = "passes" in debug_flags()
+    for name, run in passes(checked, graph):
+        plan = run(plan)
+        if linting:
+            lint(plan, name)
+    return plan
 
 
-def _stage_devices(stages: Sequence[str | Sequence[str]] | None) -> list[list[str]]:
-    if not stages or isinstance(stages, str):
-        raise CompileError(
-            f"a schedule needs stages: a list with a device, or a list of devices, per stage; got {stages!r}"
+Pass = Callable[[Plan], Plan]
+
+
+def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
+    """The passes after ``expand``, in order, as (name, Plan -> Plan) for these options."""
+    o, limits = options, options.resources
+    steps: list[tuple[str, Pass]] = [
+        ("record_options", partial(evolve, overlap=o.overlap, resources=limits)),
+        ("recompute", recompute),
+        ("split_micro_batches", partial(split_micro_batches, micro_batches=o.micro_batches)),
+        ("shard_optimizer", partial(shard_optimizer, shards=graph.optimizer_shards)),
+        ("order_updates", order_updates),
+    ]
+    if o.fuse_kernels:
+        steps.append(("fuse_chains", fuse_chains))
+    if o.fusion:
+        steps.append(
+            (
+                "fuse_collectives",
+                partial(fuse_collectives, first_bucket_bytes=o.bucket_first, bucket_cap_bytes=o.bucket_cap),
+            )
         )
+    steps += [
+        ("split_ranks", lambda plan: split_ranks(plan, *place_ranks(plan_devices(plan), o.ranks))),
+        ("order_collectives", order_collectives),
+        (
+            "reuse_communication",
+            partial(
+                reuse_communication,
+                limit=o.reuse,
+                max_ops_per_stream=limits.max_ops_per_stream,
+                max_labels=limits.max_labels,
+            ),
+        ),
+        ("assign_streams", partial(assign_streams, limits=limits)),
+        ("predict_communication", predict_communication),
+    ]
+    if o.link_bandwidth is not None:
+        steps.append(
+            ("emulate_links", partial(emulate_links, bandwidth=o.link_bandwidth, latency=o.link_latency))
+        )
+    steps.append(("insert_events", insert_events))
+    if o.stages is not None:
+        steps.append(
+            (
+                "schedule_quotas",
+                partial(schedule_quotas, stages=o.stages, schedule=o.schedule, default=o.quota),
+            )
+        )
+    steps += [
+        ("recompute_quotas", recompute_quotas),
+        (
+            "plan_registers",
+            partial(plan_registers, quota=o.quota, quotas=o.quotas, max_memory=memory_limit(limits)),
+        ),
+        (
+            "assign_priorities",
+            partial(
+                assign_priorities, compute_first=o.priority, defer_weight_grads=o.schedule in ZERO_BUBBLE
+            ),
+        ),
+        ("check", check),
+    ]
+    return steps
+
+
+def lint(plan: Plan, after: str) -> None:
+    """The plan check that holds between passes (``plan_check.lint``), its error naming
+    the pass ``after`` which it fails."""
     try:
-        devices = [[parse_device(d) for d in ([s] if isinstance(s, str) else s)] for s in stages]
-    except (TypeError, ValueError) as e:
-        raise CompileError(f"stages: {e}") from None
-    seen = [d for stage in devices for d in stage]
-    twice = sorted({d for d in seen if seen.count(d) > 1})
-    if twice:
-        raise CompileError(f"stages: {twice} appear in more than one place; a device belongs to one stage")
-    return devices
+        plan_lint(plan)
+    except CompileError as e:
+        raise CompileError(f"after pass {after}: {e}") from e
 
 
-__all__ = ["compile", "check", "expand"]
+__all__ = ["compile", "check", "expand", "passes"]
 
 
 def _warn_if_nothing_to_see(graph: Graph) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from ..ops.chain import chain
 from ..plan import Actor, Input, Plan
 from ..records import evolve
+from .registers import wish_quotas
 from .streams import stream_key
 from .topology import renumber, with_consumers
 
@@ -35,11 +36,12 @@ of its kernels' anyway, and a longer chain (a deep model's whole forward pass on
 device) would only make a name nobody reads in a trace or an error."""
 
 
-def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
-    """-> (the plan with each chain one actor, the registers now internal to a chain)."""
+def fuse_chains(plan: Plan) -> Plan:
+    """The plan with each chain one actor, wishing one buffer for each register now
+    internal to a chain."""
     following = _links(plan)
     if not following:
-        return plan, set()
+        return plan
     followers = set(following.values())
     heads = [a.id for a in plan.actors if a.id in following and a.id not in followers]
     actors = list(plan.actors)
@@ -64,9 +66,8 @@ def fuse_chains(plan: Plan) -> tuple[Plan, set[str]]:
     registers = with_consumers(
         live, [evolve(r, producer=moved[r.id]) if r.id in moved else r for r in plan.registers]
     )
-    return renumber(
-        evolve(plan, actors=tuple(actors), registers=registers), plan.collectives, dead, set()
-    ), internal
+    fused = renumber(evolve(plan, actors=tuple(actors), registers=registers), plan.collectives, dead, set())
+    return wish_quotas(fused, dict.fromkeys(sorted(internal), 1))
 
 
 def _links(plan: Plan) -> dict[int, int]:

@@ -14,7 +14,6 @@ are recorded as ``Actor.every``; the runtime derives the holds and periods from 
 
 from __future__ import annotations
 
-from ..errors import CompileError
 from ..ops.micro_batch import accumulate
 from ..plan import Actor, Consumer, Input, Plan, Register
 from ..records import evolve
@@ -22,8 +21,6 @@ from .topology import unit_of
 
 
 def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
-    if not isinstance(micro_batches, int) or isinstance(micro_batches, bool) or micro_batches < 1:
-        raise CompileError(f"micro_batches: an int >= 1, got {micro_batches!r}")
     if micro_batches == 1:
         return plan
     per_step = _per_step(plan)

@@ -28,17 +28,18 @@ from ..graph.ir import OptimizerShard
 from ..ops import kernels
 from ..plan import Actor, Collective, Consumer, Input, Plan, Register
 from ..records import evolve
+from .registers import wish_quotas
 from .topology import with_consumers
 
 
-def shard_optimizer(plan: Plan, shards: Sequence[OptimizerShard]) -> tuple[Plan, list[str]]:
-    """The plan with each of ``shards`` applied, and the names of the registers that
-    hold a gathered parameter (one buffer each: one value per step)."""
+def shard_optimizer(plan: Plan, shards: Sequence[OptimizerShard]) -> Plan:
+    """The plan with each of ``shards`` applied, wishing one buffer for each register
+    that holds a gathered parameter (one value per step)."""
     if not shards:
-        return plan, []
+        return plan
     edit = _Edit(plan)
     gathered = [name for shard in shards for name in edit.shard(shard)]
-    return edit.plan(), gathered
+    return wish_quotas(edit.plan(), dict.fromkeys(gathered, 1))
 
 
 class _Edit:

@@ -41,19 +41,13 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
     order = sorted(devices, key=_device_order)
     if ranks is None:
         ranks = world_size()
-    if isinstance(ranks, bool) or not isinstance(ranks, (int, list, tuple)):
-        raise CompileError(f"ranks: a number of ranks or a list of devices per rank, got {ranks!r}")
     if isinstance(ranks, int):
-        if ranks < 1:
-            raise CompileError(f"ranks: at least 1, got {ranks}")
         if ranks > max(1, len(order)):
             raise CompileError(
                 f"ranks: {ranks} ranks but the plan has {len(order)} devices {order}; every rank needs one "
                 "(give ranks as a list of devices per rank to leave a rank without any)"
             )
         return {d: k * ranks // len(order) for k, d in enumerate(order)}, ranks
-    if not ranks:
-        raise CompileError("ranks: the list of devices per rank is empty")
     placement: dict[str, int] = {}
     for rank, held in enumerate(ranks):
         for device in [held] if isinstance(held, str) else held:

@@ -24,6 +24,7 @@ import math
 
 from ..plan import Actor, Collective, Input, Plan, Register
 from ..records import evolve
+from .registers import wish_quotas
 from .topology import data_edges, positions, unit_of, with_consumers
 
 
@@ -69,18 +70,21 @@ def recompute(plan: Plan) -> Plan:
     )
 
 
-def recompute_quotas(plan: Plan) -> dict[str, int]:
-    """One buffer for each output of a marked actor and of a clone (where the schedule or
-    the user gives none): the forward pass no longer keeps the one, the backward pass
-    reads the other soon after it is made. Buffers are planned per register, so this
-    is what makes the plan's memory smaller, not only the buffers held."""
-    return {
-        plan.registers[o].name: 1
-        for a in plan.actors
-        if a.recompute
-        for o in a.outputs
-        if not plan.registers[o].control
-    }
+def recompute_quotas(plan: Plan) -> Plan:
+    """Wishes one buffer for each output of a marked actor and of a clone (where the
+    schedule or the user gives none): the forward pass no longer keeps the one, the
+    backward pass reads the other soon after it is made. Buffers are planned per
+    register, so this is what makes the plan's memory smaller, not only the buffers held."""
+    return wish_quotas(
+        plan,
+        {
+            plan.registers[o].name: 1
+            for a in plan.actors
+            if a.recompute
+            for o in a.outputs
+            if not plan.registers[o].control
+        },
+    )
 
 
 def _needed(

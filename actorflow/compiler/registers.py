@@ -1,6 +1,10 @@
-"""plan registers: a quota per register (the default, or a per-tensor override; a
-parameter or variable has exactly one buffer), and the planned memory per device: every
-buffer is allocated once, so the peak is the total."""
+"""plan registers: a quota per register, and the planned memory per device: every buffer
+is allocated once, so the peak is the total.
+
+A register's quota is the user's (``compile``'s ``quotas``), else what a pass wished for
+it (``Plan.quota_wishes``: a schedule's, a fused chain's, ...), else the default; then
+raised to its floor (``Plan.quota_floors``). A parameter or variable has exactly one
+buffer."""
 
 from __future__ import annotations
 
@@ -12,20 +16,29 @@ from ..records import evolve
 from .resources import size_text
 
 
+def wish_quotas(plan: Plan, wishes: Mapping[str, int]) -> Plan:
+    """``plan`` with a pass's quota ``wishes`` recorded, where no earlier pass wished one."""
+    return evolve(plan, quota_wishes=dict(wishes) | plan.quota_wishes) if wishes else plan
+
+
 def plan_registers(
     plan: Plan, quota: int, quotas: Mapping[str, int] | None = None, max_memory: int | None = None
 ) -> Plan:
+    """``quota`` (the default) and ``quotas`` (per register name) as ``compile`` checked them."""
     quotas = dict(quotas or {})
     names = {r.name for r in plan.registers if not r.is_parameter}
     unknown = sorted(set(quotas) - names)
     if unknown:
         raise CompileError(f"quotas name tensors the plan does not hold: {unknown} (known: {sorted(names)})")
-    for name, q in [("quota", quota), *quotas.items()]:
-        if not isinstance(q, int) or isinstance(q, bool) or q < 1:
-            raise CompileError(f"{name}: a quota is an int >= 1, got {q!r}")
+    wished = plan.quota_wishes | quotas
     single = {a.outputs[0] for a in plan.actors if a.kind == "variable"}
     registers = tuple(
-        evolve(r, quota=1 if r.is_parameter or r.id in single else quotas.get(r.name, quota))
+        evolve(
+            r,
+            quota=1
+            if r.is_parameter or r.id in single
+            else max(wished.get(r.name, quota), plan.quota_floors.get(r.name, 1)),
+        )
         for r in plan.registers
     )
     memory: dict[str, int] = {}

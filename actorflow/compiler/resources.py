@@ -9,21 +9,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CompileError
 from ..plan import Resources
-
-
-def checked_resources(
-    max_streams: int, max_ops_per_stream: int, max_labels: int, max_memory: int | None
-) -> Resources:
-    """The limits ``compile`` was given, checked (each an int >= 1)."""
-    limits = {"max_streams": max_streams, "max_ops_per_stream": max_ops_per_stream, "max_labels": max_labels}
-    if max_memory is not None:
-        limits["max_memory"] = max_memory
-    for name, value in limits.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise CompileError(f"{name}: an int >= 1, got {value!r}")
-    return Resources(max_streams, max_ops_per_stream, max_labels, max_memory or 0)
 
 
 def memory_limit(limits: Resources) -> int:

@@ -68,12 +68,11 @@ def reuse_limit(option: int | None) -> int:
     return 0
 
 
-def reuse_communication(
-    plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int
-) -> tuple[Plan, dict[str, int]]:
-    """The plan with its communication subgraphs, and the least quota of each shared register."""
+def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int) -> Plan:
+    """The plan with its communication subgraphs, each shared register's least quota
+    recorded (``Plan.quota_floors``)."""
     if not limit:
-        return plan, {}
+        return plan
     log.info("MAX_COMM_OP_REUSE_NUM: %d", limit)
     groups: dict[tuple, list[Collective]] = {}
     for coll in plan.collectives:
@@ -123,9 +122,9 @@ def reuse_communication(
             f"(comm_reuse or {ENV}, now {limit} operators), or raise max_labels"
         )
     if not subgraphs:
-        return plan, {}
+        return plan
     floors = _held_at_once(plan, subgraphs)
-    return evolve(_rewrite(plan, subgraphs), labels=labels), floors
+    return evolve(_rewrite(plan, subgraphs), labels=labels, quota_floors=plan.quota_floors | floors)
 
 
 def _key(plan: Plan, coll: Collective) -> tuple | None:

@@ -31,19 +31,21 @@ from collections.abc import Sequence
 
 from ..errors import CompileError
 from ..plan import Plan
+from ..records import evolve
+from .registers import wish_quotas
 
 SCHEDULES = ("gpipe", "1f1b", "zb1", "zbh1")
 ZERO_BUBBLE = ("zb1", "zbh1")
 
 
-def schedule_quotas(
-    plan: Plan, stages: Sequence[Sequence[str]], schedule: str, default: int
-) -> dict[str, int]:
-    """Register name -> quota for every register a stage keeps for its backward pass, under
+def schedule_quotas(plan: Plan, stages: Sequence[Sequence[str]], schedule: str | None, default: int) -> Plan:
+    """The plan with its ``stages`` (kept for its traces) and, under a ``schedule``,
+    the quota it wishes for every register a stage keeps for its backward pass, under
     GPipe for every register crossing stages, and under ZB-H1 for every register a W
     reads (``default``: everyone else's quota)."""
-    if schedule not in SCHEDULES:
-        raise CompileError(f"schedule: one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    plan = evolve(plan, stages=tuple(map(tuple, stages)))
+    if schedule is None:
+        return plan
     stage_of = {device: s for s, devices in enumerate(stages) for device in devices}
     m, p = plan.micro_batches, len(stages)
 
@@ -62,7 +64,7 @@ def schedule_quotas(
         forward = {reg.name for reg in kept}
         for reg in read_by_weight_grads(plan):
             quotas[reg.name] = p if reg.name in forward else max(default, min(p, stage(reg) + 1))
-    return quotas
+    return wish_quotas(plan, quotas)
 
 
 def kept_for_backward(plan: Plan) -> list:

@@ -1,7 +1,7 @@
 """What each actor waits on, as log lines at each act attempt (``ACTORFLOW_DEBUG``).
 
-``ACTORFLOW_DEBUG`` holds comma-separated flags, read once when a Runtime is built; an
-unknown flag is a ValueError. The one flag today:
+``ACTORFLOW_DEBUG`` holds comma-separated flags (``debug_flags``), read once when a
+Runtime is built. The runtime's flag:
 
 - ``actors``: at each act attempt (each time a stream's driver considers launching a
   unit), log one line through the ``logging`` logger ``actorflow.actors`` at DEBUG level:
@@ -18,26 +18,9 @@ StallError's list of waiting actors (see ``stall`` for the wait-for chain).
 from __future__ import annotations
 
 import logging
-import os
 
 from ..plan import Plan
 from .wiring import Member, Unit
-
-ENV = "ACTORFLOW_DEBUG"
-FLAGS = ("actors",)
-
-
-def debug_flags() -> frozenset[str]:
-    """The flags set in ``ACTORFLOW_DEBUG``; a ValueError names any unknown one."""
-    value = os.environ.get(ENV, "")
-    flags = {f.strip() for f in value.split(",")} - {""}
-    unknown = sorted(flags - set(FLAGS))
-    if unknown:
-        raise ValueError(
-            f"{ENV}={value!r}: unknown flag {', '.join(map(repr, unknown))}; "
-            f"the accepted flags are {', '.join(FLAGS)} (comma-separated)"
-        )
-    return frozenset(flags)
 
 
 def lacking(plan: Plan, member: Member) -> list[str]:

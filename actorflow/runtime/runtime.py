@@ -32,12 +32,13 @@ from typing import Any, Literal
 import numpy as np
 import trio
 
+from ..debug_flags import debug_flags
 from ..errors import KernelError, RankError
 from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
-from .debug import ActorLog, debug_flags
+from .debug import ActorLog
 from .device import Programs
 from .driver import Driver, Start
 from .feeds import CheckedFeeds, FeedCheck, Feeds
