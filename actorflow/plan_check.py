@@ -110,33 +110,37 @@ def transfer_peers(plan: PlanData) -> dict[int, Actor]:
     return peers
 
 
-def call_edges(plan: PlanData) -> dict:
+def call_edges(
+    plan: PlanData, across_ranks: bool = True
+) -> tuple[dict[int, set[int]], dict[tuple[int, int], int]]:
     """``data_edges`` with each reused communication subgraph (``Actor.calls`` > 1) split
-    into its calls, nodes (unit, call) chained in call order: what waits on what at run
-    time, where one subgraph node would join inputs of late calls to readers of early ones."""
+    into its calls, chained in call order: what waits on what at run time. As one node, a
+    subgraph would join the inputs of late calls to the readers of early ones (a cycle,
+    where one call feeds the next through data). Also (unit, call) -> its node: call 0
+    keeps the unit's id, later calls get ids past the actors'."""
     unit = unit_of(plan)
     reused = {unit[a.id]: a.calls for a in plan.actors if a.calls > 1}
+    edges = data_edges(plan, across_ranks)
     if not reused:
-        return data_edges(plan)
-
-    def node(actor: int, call: int):
-        u = unit[actor]
-        return (u, call) if u in reused else u
-
-    edges: dict = {u: set() for u in unit.values() if u not in reused}
-    for u, calls in reused.items():
-        for j in range(calls):
-            edges[(u, j)] = {(u, j + 1)} if j + 1 < calls else set()
+        return edges, {}
+    calls: dict[tuple[int, int], int] = {}
+    for u, n in reused.items():
+        for j in range(n):
+            calls[(u, j)] = u if j == 0 else len(plan.actors) + len(calls)
+    edges = {u: vs - reused.keys() for u, vs in edges.items() if u not in reused}
+    for (u, j), node in calls.items():
+        edges[node] = {calls[(u, j + 1)]} if j + 1 < reused[u] else set()
     for a in plan.actors:
         for slot, i in enumerate(a.inputs):
             reg = plan.registers[i.register]
-            if reg.is_parameter or unit[reg.producer] == unit[a.id]:
+            if reg.is_parameter:
                 continue
-            call = 0
-            if unit[reg.producer] in reused:
-                call = next(c.call for c in reg.consumers if c.actor == a.id and c.slot == slot)
-            edges[node(reg.producer, call)].add(node(a.id, slot))
-    return edges
+            p, c = unit[reg.producer], unit[a.id]
+            if p == c or (p not in reused and c not in reused):
+                continue
+            read = next(x.call for x in reg.consumers if x.actor == a.id and x.slot == slot)
+            edges[calls.get((p, read), p)].add(calls.get((c, slot), c))
+    return edges, calls
 
 
 def _check_header(plan: PlanData) -> None:
@@ -648,7 +652,7 @@ def _check_deadlock(plan: PlanData) -> None:
     i + quota, which cannot close a cycle while every quota is at least 1; stream order is
     decided at launch, in dependency order."""
     unit = unit_of(plan)
-    data = call_edges(plan)
+    data, calls = call_edges(plan)
     order = {(unit[earlier.actors[0]], unit[later.actors[0]]) for earlier, later in stream_order_pairs(plan)}
     edges = dict(data)
     for u, v in order:
@@ -658,7 +662,7 @@ def _check_deadlock(plan: PlanData) -> None:
         return
     names: dict[Any, str] = {a.id: a.name for a in plan.actors}
     names.update({coll.actors[0]: coll.name for coll in plan.collectives})
-    names.update({u: f"{names[u[0]]} call {u[1]}" for u in edges if isinstance(u, tuple)})
+    names.update({node: f"{names[u]} call {j}" for (u, j), node in calls.items()})
     steps = [names[cycle[0]]]
     for u, v in zip(cycle, cycle[1:]):
         kinds = ["collective order"] * ((u, v) in order) + ["data"] * (v in data[u])

@@ -128,17 +128,56 @@ def test_the_log_lines(caplog):
     ]
 
 
-def test_calls_that_depend_on_each_other_stay_out_of_one_subgraph():
-    """all_reduce(all_reduce(x)): the second call reads the first's result, so only one of
-    them can be a call of the subgraph (the plan stays a DAG of units)."""
+def chained_layers(n: int, direct: bool = False) -> af.Graph:
+    """``n`` layers, each all-reducing what the layer before it computed from the last
+    all-reduce (tanh between, unless ``direct``): every call reads the one before it."""
     with af.Graph() as g:
         h = [af.placeholder(f"x[{d}]", (4, 3), "float64", d) for d in DEVICES]
-        for _ in range(5):
-            h = af.ops.all_reduce([af.ops.tanh(t) for t in h], op="sum")
+        for _ in range(n):
+            h = af.ops.all_reduce(h if direct else [af.ops.tanh(t) for t in h], op="sum")
         af.output("y", h[0])
-    plain = af.compile(g, max_ops_per_stream=1, fusion=False)
-    reused = af.compile(g, max_ops_per_stream=1, fusion=False, comm_reuse=-1)
-    assert len(reused.collectives) == 5 and reused.labels == 0
+    return g
+
+
+def chained_reference(n: int, feeds: dict) -> np.ndarray:
+    h = [feeds[f"x[{d}]"] for d in DEVICES]
+    for _ in range(n):
+        h = [sum(np.tanh(t) for t in h)] * len(DEVICES)
+    return h[0]
+
+
+def test_chained_layers_of_the_seeds_kind_need_six_streams_without_reuse_and_one_with_it():
+    """24 layers, each all-reduce feeding the next layer: the calls run in the collective
+    order, which is topological, so the chain is one subgraph."""
+    graph = chained_layers(24)
+    plain = af.compile(graph, max_ops_per_stream=4, fusion=False)
+    reused = af.compile(graph, max_ops_per_stream=4, fusion=False, comm_reuse=-1)
+    assert (len(collective_streams(plain)), len(collective_streams(reused))) == (6, 1)
+    (subgraph,) = reused.collectives
+    assert [reused.actors[a].calls for a in subgraph.actors] == [24, 24]
+    assert reused.labels == 25
+
+
+@pytest.mark.parametrize("quota", [1, 2, 3])
+def test_chained_reused_layers_give_the_results_of_unreused_ones(quota):
+    graph = chained_layers(24)
+    plain = af.compile(graph, max_ops_per_stream=4, fusion=False, quota=quota)
+    reused = af.compile(graph, max_ops_per_stream=4, fusion=False, comm_reuse=-1, quota=quota)
+    feeds = [{"x[cpu:0]": X / 10, "x[cpu:1]": X / 5}, {"x[cpu:0]": -X / 7, "x[cpu:1]": X / 3}]
+    got, want = af.run(reused, feeds), af.run(plain, feeds)
+    for mine, theirs, fed in zip(got, want, feeds):
+        np.testing.assert_array_equal(mine["y"], theirs["y"])
+        np.testing.assert_allclose(mine["y"], chained_reference(24, fed))
+
+
+def test_a_call_reading_the_one_before_it_straight_stays_out_of_its_subgraph():
+    """all_reduce(all_reduce(x)): the subgraph would read its own register, so every
+    other call stays a collective of its own."""
+    graph = chained_layers(6, direct=True)
+    plain = af.compile(graph, max_ops_per_stream=1, fusion=False)
+    reused = af.compile(graph, max_ops_per_stream=1, fusion=False, comm_reuse=-1)
+    calls = sorted(reused.actors[c.actors[0]].calls for c in reused.collectives)
+    assert calls == [1, 1, 1, 3]
     np.testing.assert_array_equal(af.run(reused, FEEDS)["y"], af.run(plain, FEEDS)["y"])
 
 
@@ -148,11 +187,12 @@ def test_calls_that_depend_on_each_other_stay_out_of_one_subgraph():
 @st.composite
 def collective_graphs(draw):
     """Per device a pool of (4, 3) values; each step applies an elementwise op per device
-    or an all-reduce (sum or max) over all devices of a pool entry, often an early one, so
-    that many all-reduces share a key and don't depend on each other."""
+    or an all-reduce (sum or max) over all devices of a pool entry: often an early one, so
+    that many all-reduces share a key and don't depend on each other, or (a layer) the
+    tanh of the latest entry, so that others read the one before them."""
     n_dev = draw(st.integers(2, 4))
     step = st.tuples(
-        st.sampled_from(["reduce"] * 4 + ["tanh", "mul", "add"]),
+        st.sampled_from(["reduce"] * 4 + ["layer"] * 3 + ["tanh", "mul", "add"]),
         st.one_of(st.integers(0, 3), st.integers(0, 10**6)),
         st.integers(0, 10**6),
         st.sampled_from(["sum", "max"]),
@@ -171,6 +211,8 @@ def build(case) -> af.Graph:
             left, right = pool[a % len(pool)], pool[b % len(pool)]
             if op == "reduce":
                 pool.append(af.ops.all_reduce(left, op=reduce))
+            elif op == "layer":
+                pool.append(af.ops.all_reduce([af.ops.tanh(t) for t in pool[-1]], op=reduce))
             elif op == "tanh":
                 pool.append([af.ops.tanh(t) for t in left])
             else:

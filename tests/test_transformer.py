@@ -157,3 +157,20 @@ def test_bad_transformer_configs_are_refused():
                 },
             }
         )
+
+
+def test_the_shipped_config_with_reuse_reuses_its_layers_all_reduces_and_trains_as_without():
+    """Each stage's per-layer all-reduces (forward and backward) read what the layers
+    before them computed from the last ones: chained calls, one subgraph per stage."""
+    base = ["train.steps=4", "runtime.max_ops_per_stream=1"]
+    plain = load_config("configs/transformer.yaml", base)
+    reusing = load_config("configs/transformer.yaml", [*base, "runtime.comm_reuse=-1"])
+    plans = [compile_config(c) for c in (plain, reusing)]
+    streams = [sum(s.kind == "collective" for s in p.streams) for p in plans]
+    assert streams == [10, 4]
+    calls = sorted(plans[1].actors[c.actors[0]].calls for c in plans[1].collectives)
+    assert calls == [1, 1, 4, 4]
+    want, got = train(plain), train(reusing)
+    assert got.losses == want.losses
+    for name, value in want.parameters.items():
+        np.testing.assert_array_equal(got.parameters[name], value, err_msg=name)

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from ..plan import Plan
 from ..records import evolve
-from .topology import data_edges, positions, reaches_any, unit_of
+from .topology import data_edges, reaches_any, unit_of, unit_positions
 
 SEARCH_BUDGET = 4096
 """Nodes one implied-event search may visit; past it the event stays (an event already
@@ -44,7 +44,7 @@ implied costs a wait that is over at once, never a wrong order), so the pass sta
 def insert_events(plan: Plan) -> Plan:
     unit = unit_of(plan)
     edges = data_edges(plan, across_ranks=False)  # a wait implies others on its own rank only
-    position = positions(edges)
+    position = unit_positions(plan, across_ranks=False)
     reused = {unit[a.id] for a in plan.actors if a.calls > 1}
     if reused:  # a path through a reused subgraph may pass through a later call: it implies nothing
         edges = {u: vs - reused for u, vs in edges.items()}

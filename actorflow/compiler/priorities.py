@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from ..plan import Plan
 from ..records import evolve
-from .topology import data_edges, positions, unit_of
+from .topology import unit_of, unit_positions
 
 
 def assign_priorities(plan: Plan, compute_first: bool = True, defer_weight_grads: bool = False) -> Plan:
     unit = unit_of(plan)
-    position = positions(data_edges(plan))
+    position = unit_positions(plan)
     collective_streams = {s.id for s in plan.streams if s.kind == "collective"}
     stream_of = {a.id: a.stream for a in plan.actors}
 

@@ -10,12 +10,17 @@ Off unless turned on: by ``ACTORFLOW_COMM_REUSE`` (the variable wins when set) o
 of 1000 reused operators, a positive integer on with that limit, unset off, 0 or
 another negative number off with a warning, anything else a CompileError.
 
-A call site joins its group's subgraph only if no other call of it reaches it or is
-reached by it through data, counting the subgraphs already made as one unit each (so
-the plan stays a DAG of units, as with fusion); the others stay as they are, and a
-subgraph that would not leave its group fewer streams is not made. Each call
-takes one label, and each subgraph one more (its entry): past ``max_labels`` is a
-CompileError. The shared register gets as many buffers as calls can hold at once: the
+A subgraph's calls run in the collective order, which is topological: a call that reads
+what an earlier one made (through a layer, as the all-reduces of a tensor-parallel
+model's layers do) comes after it. So every edge a run waits on, data, each subgraph's
+calls one after another, and each collective stream's share of the order, goes forward
+in that order, and no choice of calls can close a wait-for cycle: a group's calls join
+its subgraph in order up to the limit, but for one reading an earlier call's result
+with nothing between (the rest stay as they are), and a subgraph that
+would not leave its group fewer streams is not made. The passes after this one and the
+plan check see a subgraph as its calls, chained (``plan_check.call_edges``), never as
+one node. Each call takes one label, and each subgraph one more (its entry): past
+``max_labels`` is a CompileError. The shared register gets as many buffers as calls can hold at once: the
 buffer of call i stays held until every consumer of it has run, which may wait on
 later calls (through data, or the collective order).
 
@@ -32,7 +37,7 @@ import os
 from ..errors import CompileError
 from ..plan import Collective, Consumer, Input, Plan
 from ..records import evolve
-from .topology import Contracted, data_edges, reach_bits, renumber, unit_of
+from .topology import data_edges, reach_bits, renumber, unit_of
 
 ENV = "ACTORFLOW_COMM_REUSE"
 DEFAULT_LIMIT = 1000
@@ -79,27 +84,14 @@ def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_lab
         key = _key(plan, coll)
         if key is not None:
             groups.setdefault(key, []).append(coll)
-    unit = unit_of(plan)
-    candidates = [unit[c.actors[0]] for members in groups.values() for c in members]
-    graph = Contracted(data_edges(plan), candidates)
     subgraphs: list[list[Collective]] = []
     left = limit
     for members in groups.values():
         if len(members) <= max_ops_per_stream or left < 2:
             continue
-        chosen = graph.independent()
-        calls: list[Collective] = []
-        for coll in members:
-            u = graph.find(unit[coll.actors[0]])
-            if not chosen.admits(u):
-                continue
-            calls.append(coll)
-            chosen.add(u)
-            if len(calls) == left:
-                break
+        calls = _calls(plan, members, left)
         streams_left = 1 + -(-(len(members) - len(calls)) // max_ops_per_stream)
         if len(calls) > 1 and streams_left < -(-len(members) // max_ops_per_stream):
-            graph.contract([unit[c.actors[0]] for c in calls])
             subgraphs.append(calls)
             left -= len(calls)
             first = plan.actors[calls[0].actors[0]]
@@ -125,6 +117,21 @@ def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_lab
         return plan
     floors = _held_at_once(plan, subgraphs)
     return evolve(_rewrite(plan, subgraphs), labels=labels, quota_floors=plan.quota_floors | floors)
+
+
+def _calls(plan: Plan, members: list[Collective], limit: int) -> list[Collective]:
+    """Up to ``limit`` of a group's collectives, in order, leaving out one that reads what
+    a call before it made straight from it (the subgraph would read its own register)."""
+    calls: list[Collective] = []
+    made: set[int] = set()
+    for coll in members:
+        if len(calls) == limit:
+            break
+        participants = [plan.actors[a] for a in coll.actors]
+        if not any(p.inputs[0].register in made for p in participants):
+            calls.append(coll)
+            made.update(p.outputs[0] for p in participants)
+    return calls
 
 
 def _key(plan: Plan, coll: Collective) -> tuple | None:

@@ -7,7 +7,7 @@ from collections.abc import Container, Iterable, Mapping, Sequence
 
 from ..dag import Edges, topological_order
 from ..plan import Actor, Collective, Consumer, Input, Plan, Register
-from ..plan_check import data_edges
+from ..plan_check import call_edges, data_edges
 from ..plan_check import unit_of as unit_of  # the passes take both from here
 from ..records import evolve
 
@@ -26,6 +26,13 @@ def positions(edges: Edges) -> dict[int, int]:
     """Unit -> its place in the deterministic topological order of ``edges`` (the unit
     DAG, ``data_edges``)."""
     return {u: k for k, u in enumerate(topological_order(edges))}
+
+
+def unit_positions(plan: Plan, across_ranks: bool = True) -> dict[int, int]:
+    """Unit -> its place in the deterministic topological order of the units, a reused
+    communication subgraph at its first call's (its calls ordered apart, as
+    ``call_edges`` does: one call may feed the next through data)."""
+    return positions(call_edges(plan, across_ranks)[0])
 
 
 def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:

@@ -86,11 +86,13 @@ def _start(plan: Plan, members: Mapping[int, Member], drivers: Mapping[int, Driv
 
 
 def _topological(plan: Plan) -> list[int]:
-    """Actor ids in a topological order of the data and control edges, smallest id first."""
+    """Actor ids in a topological order of the data and control edges, smallest id first;
+    a reused communication subgraph's calls may feed one another through data, so the
+    edges into it are left out (it comes as early as its first call can)."""
     edges: dict[int, list[int]] = {a.id: [] for a in plan.actors}
     for reg in plan.registers:
         if not reg.is_parameter:
-            edges[reg.producer].extend(c.actor for c in reg.consumers)
+            edges[reg.producer].extend(c.actor for c in reg.consumers if plan.actors[c.actor].calls == 1)
     return topological_order(edges)
 
 
