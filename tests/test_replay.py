@@ -13,7 +13,9 @@ import actorflow as af
 import graph_strategies as gs
 import userfns
 from actorflow.runtime import replay
-from actorflow.runtime.replay import Program, replayable, schedule, simulate
+from actorflow.runtime.replay import Program, replayable, schedule
+from actorflow.runtime.virtual import simulate
+from actorflow.runtime.wiring import wire
 
 
 def chain(devices: int, quota: int) -> af.Plan:
@@ -123,7 +125,7 @@ def test_a_plan_that_can_stall_is_left_to_the_drivers_which_say_where():
             af.output(f"y{d}", y)
     plan = af.compile(g)
     bad = attrs.evolve(plan, collectives=plan.collectives[::-1])
-    assert simulate(bad, 0, 1) is None
+    assert simulate(wire(bad, 0, allocate=False), bad.micro_batches, 1) is None
     assert schedule(bad, 0) == "it can stall (its simulation did)"
     feeds = {"x0": np.ones(2, np.float32), "x1": np.ones(2, np.float32)}
     with af.Session(bad, stall_timeout=0.3) as s:

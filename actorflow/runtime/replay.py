@@ -3,10 +3,9 @@ then replays the order it decided ("thick compile, thin runtime", as MindSpore's
 execution order, DeepSpeed's pipe instructions, Ray Compiled Graphs' schedules and
 torch pipelining's action lists do).
 
-``schedule`` simulates a few steps of a Plan with the very protocol, wiring and launch
-choice the stream threads' drivers use (``protocol``, ``wiring``, ``launching``), every
-act taking one tick, and records for each act what it waited on: the producer acts
-whose "ready" it took, the consumer acts whose "free" gave it its buffer. The steps of
+``schedule`` simulates a few steps of a Plan on the virtual clock (``virtual``: the very
+protocol, wiring and launch choice the stream threads' drivers use), every act taking
+one tick, which records for each act what it waited on. The steps of
 the simulation repeat (every ``period`` steps, the same acts in the same order on each
 stream, with the same buffers): one period becomes each stream's program. A dependency
 on another stream becomes a wait on that stream's count of finished instructions, like
@@ -24,20 +23,17 @@ Plans the simulation can't turn into such a program run on the drivers instead
 
 from __future__ import annotations
 
-import heapq
 import math
 import queue
 import threading
 import time
-from collections import defaultdict
 from typing import NamedTuple
 
 import attrs
 
 from ..plan import Plan
 from .driver import Host
-from .launching import LaunchQueue
-from .protocol import Act
+from .virtual import Entry, simulate
 from .wiring import Unit, Wiring, acts_in, arrays, wire
 
 MAX_PERIOD = 16
@@ -56,97 +52,6 @@ def replayable(plan: Plan) -> str | None:
     if any(a.calls > 1 for a in plan.actors):
         return "it reuses communication subgraphs"
     return None
-
-
-class Entry:
-    """One act of the simulation: its unit's act per member, its stream (index), its step
-    and which of the unit's ``per_step`` acts a step it is (``offset``), its place in its
-    stream's block, and the acts it waited on."""
-
-    __slots__ = ("unit", "acts", "stream", "per_step", "step", "offset", "place", "deps")
-
-    def __init__(self, unit: Unit, acts: list[Act], stream: int, per_step: int) -> None:
-        self.unit = unit
-        self.acts = acts
-        self.stream = stream
-        self.per_step = per_step
-        self.step, self.offset = divmod(acts[0].number, per_step)
-        self.place = -1
-        self.deps: list[Entry] = []
-
-    def key(self) -> tuple:
-        """What must repeat from one period to the next."""
-        return (self.unit.id, self.offset, *((tuple(a.inputs), tuple(a.outputs)) for a in self.acts))
-
-
-def simulate(plan: Plan, rank: int, steps: int) -> list[list[Entry]] | None:
-    """Run ``steps`` steps of ``plan``'s actors on ``rank`` on a virtual clock, one tick
-    an act; the acts each stream ran, in order (None if some actor never got to act)."""
-    wiring = wire(plan, rank, allocate=False)
-    m = plan.micro_batches
-    index = {s.stream.id: k for k, s in enumerate(wiring.streams)}
-    queues = [LaunchQueue(s.units, s.order) for s in wiring.streams]
-    per_step = {u.id: acts_in(u.actor, m) for u in wiring.units}
-    ready_from: dict[tuple[int, int, int], Entry] = {}
-    freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
-    for unit in wiring.units:
-        for member in unit.members:
-            member.state.start(acts_in(member.actor, steps * m))
-        queues[index[unit.stream]].dirty(unit)
-    ran: list[list[Entry]] = [[] for _ in queues]
-    busy = [False] * len(queues)
-    ends: list[tuple[int, int, Entry]] = []  # (tick, stream, entry): a stream runs one act at a time
-
-    def launch(k: int, now: int) -> None:
-        unit = queues[k].pop()
-        if unit is None:
-            return
-        acts = [m.state.take() for m in unit.members]
-        queues[k].requeue(unit)
-        entry = Entry(unit, acts, k, per_step[unit.id])
-        for member, act in zip(unit.members, acts):
-            actor = member.actor.id
-            for slot, buffer in enumerate(act.inputs):
-                if buffer is not None:
-                    entry.deps.append(ready_from[(actor, slot, buffer)])
-            for out in act.takes:
-                entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
-        ran[k].append(entry)
-        busy[k] = True
-        heapq.heappush(ends, (now + 1, k, entry))
-
-    def end(entry: Entry) -> None:
-        for member, act in zip(entry.unit.members, entry.acts):
-            for slot in act.releases:
-                spec = member.fed[slot]
-                producer = spec.producer
-                assert producer is not None, "a fed input has a producer"
-                buffer = act.inputs[slot]
-                assert buffer is not None, "an act releases what it read"
-                freed_by[(producer.actor.id, spec.out, buffer)].append(entry)
-                if producer.state.on_free(spec.out, buffer):
-                    queues[index[producer.unit.stream]].dirty(producer.unit)
-            for out in act.publishes:
-                buffer = act.outputs[out]
-                for consumer, slot in member.outputs[out].by_call[act.call]:
-                    consumer.state.on_ready(slot, buffer)
-                    ready_from[(consumer.actor.id, slot, buffer)] = entry
-                    queues[index[consumer.unit.stream]].dirty(consumer.unit)
-            member.state.complete()
-        busy[entry.stream] = False
-
-    for k in range(len(queues)):
-        launch(k, 0)
-    while ends:
-        now = ends[0][0]
-        while ends and ends[0][0] == now:
-            end(heapq.heappop(ends)[2])
-        for k in range(len(queues)):
-            if not busy[k]:
-                launch(k, now)
-    if any(m.state.acts_left for m in wiring.members.values()):
-        return None  # it stalls: the drivers will say where, when it does
-    return ran
 
 
 @attrs.frozen
@@ -188,7 +93,7 @@ def schedule(plan: Plan, rank: int) -> Program | str:
     local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
     if sum(acts_in(a, total * plan.micro_batches) for a in local) > MAX_SIMULATED_ACTS:
         return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
-    ran = simulate(plan, rank, total)
+    ran = simulate(wire(plan, rank, allocate=False), plan.micro_batches, total)
     if ran is None:
         return "it can stall (its simulation did)"
     starts = []
