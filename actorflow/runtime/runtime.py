@@ -48,7 +48,7 @@ from .replay import Program, Replay, schedule
 from .spans import SpanMaker
 from .stall import Watchdog
 from .transport import Transport
-from .wiring import Unit, Wiring, wire
+from .wiring import Member, Unit, Wiring, wire
 
 Order = Literal["replay", "dynamic"]
 
@@ -401,14 +401,21 @@ class Runtime:
     def register_stats(self) -> dict[str, dict[str, int]]:
         """Per register: its quota and the most buffers held at once (taken, not yet freed)."""
         assert self._wiring is not None, "an open Runtime is wired"
-        peaks = self._replay.peaks if self._replay is not None else {}
-        stats = {}
-        for member in self._wiring.members.values():
-            for k, o in enumerate(member.actor.outputs):
-                reg = self.plan.registers[o]
-                held = peaks.get((member.actor.id, k), 0) if self._replay else member.state.max_held[k]
-                stats[reg.name] = {"quota": reg.quota, "max_held": held}
-        return stats
+        return register_stats(self.plan, self._wiring.members, self._replay.peaks if self._replay else None)
+
+
+def register_stats(
+    plan: Plan, members: dict[int, Member], peaks: dict[tuple[int, int], int] | None = None
+) -> dict[str, dict[str, int]]:
+    """Per register of ``members``' outputs: its quota and the most buffers held at once,
+    as a replay counted them (``peaks``) or else as the protocol did."""
+    stats = {}
+    for member in members.values():
+        for k, o in enumerate(member.actor.outputs):
+            reg = plan.registers[o]
+            held = peaks.get((member.actor.id, k), 0) if peaks is not None else member.state.max_held[k]
+            stats[reg.name] = {"quota": reg.quota, "max_held": held}
+    return stats
 
 
 def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:

@@ -32,11 +32,13 @@ from .wiring import Unit, Wiring, acts_in
 class Timing:
     """How long things take on the virtual clock, in seconds: ``costs[u]`` an act of unit
     u; ``launch`` what a stream spends per act around its kernel; ``hop`` a message from
-    one stream's thread to another's."""
+    one stream's thread to another's; ``between`` the host's time from a run's end to
+    the next one's start."""
 
     costs: Sequence[float]
     launch: float = 0.0
     hop: float = 0.0
+    between: float = 0.0
 
 
 class Entry:
@@ -149,7 +151,9 @@ def simulate(
         busy[k] = False
 
     now = 0.0
-    for _ in range(runs):
+    for run in range(runs):
+        if run and timing is not None:
+            now += timing.between
         for unit in wiring.units:
             for member in unit.members:
                 member.state.start(acts_in(member.actor, steps * micro_batches))

@@ -12,9 +12,14 @@ from .runner import RunResult
 
 def table(config: Config, result: RunResult) -> str:
     parallel = config.parallel
-    lines = [
+    done = (
         f"{_steps(config, result)} of {config.train.batch_size} samples in {result.seconds:.2f} s: "
-        f"{result.samples_per_second:,.0f} samples/s; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
+        f"{result.samples_per_second:,.0f} samples/s"
+    )
+    lines = [
+        f"predicted (simulated, no kernel run): {done}; step time {result.seconds / result.steps * 1e3:.3f} ms"
+        if result.predicted
+        else f"{done}; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
         f"pipeline: {count(len(parallel.stages), 'stage')} x {count(parallel.data_parallel, 'replica')}"
         + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
         + f", {count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}; "
@@ -85,17 +90,20 @@ def _theory_line(schedule: str, result: RunResult) -> str:
 
 
 def _steps(config: Config, result: RunResult) -> str:
-    run = len(result.losses)
-    return f"{run} steps" if run == config.train.steps else f"{run} of {config.train.steps} steps"
+    if result.steps == config.train.steps:
+        return f"{result.steps} steps"
+    return f"{result.steps} of {config.train.steps} steps"
 
 
 def metrics(config: Config, result: RunResult) -> dict[str, Any]:
     return {
+        "predicted": result.predicted,
         "config": config.to_dict(),
         "steps": config.train.steps,
-        "steps_run": len(result.losses),
+        "steps_run": result.steps,
         "stopped": result.stopped.text if result.stopped else None,
         "seconds": result.seconds,
+        "step_seconds": result.seconds / result.steps,
         "samples_per_second": result.samples_per_second,
         "order": result.ordered_by,
         "losses": result.losses,

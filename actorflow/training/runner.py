@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import numpy as np
@@ -73,7 +74,11 @@ class RunResult:
     balanced: list[float] = attrs.Factory(list)
     passes: dict[str, float] = attrs.Factory(dict)
     ordered_by: str = "replay"
+    predicted: bool = False
+    """A simulated run's (``actorflow simulate``): no losses, no parameters."""
     stopped: Stop | None = None
+    steps: int = 0
+    """The steps the run ran: train.steps, unless it ``stopped`` early."""
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -138,7 +143,7 @@ def train(
         ordered_by = session.ordered_by
         parameters = session.parameters()
         if trace is not None:
-            session.recorder.write(rank_path(trace, rank) if plan.world > 1 else trace)
+            write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
     if plan.world > 1:
         gathered = gather((chrome, stats, parameters))
         if gathered is not None:
@@ -148,13 +153,49 @@ def train(
             parameters = assemble(plan.logical, "parameter", parameters)
             chrome = merge([c for c, _, _ in gathered])
             if trace is not None:
-                write_chrome(chrome, trace)
+                write_chrome(with_config(chrome, config), trace)
+    return measure(
+        config,
+        plan,
+        chrome,
+        stats,
+        seconds,
+        steps=len(losses),
+        losses=losses,
+        parameters=parameters,
+        ordered_by=ordered_by,
+        stopped=stopped,
+        ours=[
+            plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in config.parallel.stages
+        ],
+        trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
+    )
+
+
+def measure(
+    config: Config,
+    plan: Plan,
+    chrome: dict[str, Any],
+    stats: dict[str, dict[str, int]],
+    seconds: float,
+    *,
+    steps: int,
+    losses: list[float],
+    parameters: dict[str, np.ndarray],
+    ordered_by: str,
+    ours: list[bool],
+    trace_note: str = "",
+    predicted: bool = False,
+    stopped: Stop | None = None,
+) -> RunResult:
+    """What a run of ``config``'s ``plan`` did, from its trace (``chrome``), its registers'
+    ``stats`` and its ``seconds``: a measured run's, or a simulated one's
+    (``actorflow simulate``), of ``steps`` steps. ``ours``: per stage, whether this rank measured it (a rank
+    other than 0 measures the stages whose first replica it holds)."""
     stages = config.parallel.stages
     p, m = len(stages), config.parallel.micro_batches
     peaks, quotas = kept_per_stage(plan, stats, stages)
     kept = kept_bytes_per_stage(plan, stats, stages)
-    # a rank other than 0 measures the stages whose first replica it holds
-    ours = [plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in stages]
     parsed = parse(chrome)
     summary = summarize_parsed(parsed, [stage[0] for stage, mine in zip(stages, ours) if mine])
     passes = pass_seconds(parsed, m)
@@ -171,10 +212,10 @@ def train(
     return RunResult(
         losses=losses,
         seconds=seconds,
-        samples_per_second=len(losses) * config.train.batch_size / seconds,
+        samples_per_second=steps * config.train.batch_size / seconds,
         bubbles=bubbles,
-        bubble_steps=len(losses) - other.get("kept_from", 0),
-        trace_note=other.get("note", "") if trace is not None else "",
+        bubble_steps=steps - other.get("kept_from", 0),
+        trace_note=trace_note,
         theory=theory,
         passes=passes,
         balanced=balanced,
@@ -187,8 +228,16 @@ def train(
         handoff_share=summary.critical_path.shares.get(GAP, 0.0),
         communication_share=summary.critical_path.communication_share,
         ordered_by=ordered_by,
+        predicted=predicted,
         stopped=stopped,
+        steps=steps,
     )
+
+
+def with_config(chrome: dict[str, Any], config: Config) -> dict[str, Any]:
+    """A trace that says which config ran (``otherData.config``), so ``actorflow simulate
+    --calibrate`` can rebuild its plan's shapes."""
+    return chrome | {"otherData": chrome.get("otherData", {}) | {"config": config.to_dict()}}
 
 
 def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:

@@ -1,0 +1,219 @@
+"""The cost model of a simulated run: how long each act takes, fitted from a measured run.
+
+A kernel's time is the sum of its parts' (a fused chain runs several ops, see
+``ops.chain``), and a part of op kind k takes ``a_k + b_k * flops + c_k * bytes``: a fixed
+cost per call, a rate for arithmetic, a rate for memory (its inputs and outputs). A
+collective takes an alpha-beta time per algorithm (ring or tree, the faster) over a
+two-level topology: links within a node and across nodes (``Link``), a collective over
+several nodes reducing within each node first (the two-level collectives of seed 004).
+Around the kernels the runtime itself costs time, fitted too: ``launch`` per act on a
+stream, ``hop`` per message between streams' threads (a wake-up), ``between`` the host's
+time from one step's end to the next's start.
+
+``calibrate`` fits all of it from a trace of ``actorflow run --trace`` (which carries its
+config, so the plan's shapes can be rebuilt): each actor's median kernel time over its
+acts, by non-negative least squares per kind, pulled towards one fit over every kind
+(what a kind seen on one shape only can't tell apart: its fixed cost from its rates);
+the runtime's costs by simulating the measured config and matching its step time.
+The result is a small JSON file a user keeps per machine (``CostModel.to_json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from scipy.optimize import nnls
+
+from ..errors import ConfigError
+from ..plan import Actor, Plan
+
+FORMAT = "actorflow-calibration/1"
+RIDGE = 0.05
+"""How strongly a kind's fit is pulled towards the fit over every kind."""
+
+Features = dict[str, tuple[int, float, float]]
+"""Per op kind of an act's parts: (calls, flops, bytes)."""
+
+
+class CalibrationError(ConfigError):
+    """A calibration file that can't be read or doesn't fit the config; one line."""
+
+
+@attrs.frozen
+class Link:
+    """One level of the topology: ``alpha`` seconds a message, ``bandwidth`` bytes a second."""
+
+    alpha: float
+    bandwidth: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.alpha + nbytes / self.bandwidth
+
+
+NETWORK = Link(5e-6, 4e9)
+"""Across nodes: what MPI between two ranks of this machine gave (DESIGN.md's facts,
+~5 us small messages, 2-9 GB/s for 16 MiB); settable in the calibration file."""
+
+
+@attrs.frozen
+class CostModel:
+    """``ops``: per op kind, (seconds a call, seconds a flop, seconds a byte); ``overall``:
+    the same fitted over every kind, for a kind the measured run did not have;
+    ``node`` and ``network``: the links within and across nodes of ``node_size``
+    devices; ``model``: the config's ``model`` section the fit was measured on."""
+
+    ops: dict[str, tuple[float, float, float]]
+    overall: tuple[float, float, float]
+    launch: float = 0.0
+    hop: float = 0.0
+    between: float = 0.0
+    node: Link = Link(1e-6, 10e9)
+    network: Link = NETWORK
+    node_size: int = 8
+    model: dict[str, Any] = attrs.Factory(dict)
+
+    def seconds(self, features: Features) -> float:
+        total = 0.0
+        for kind, (calls, flops, nbytes) in features.items():
+            a, b, c = self.ops.get(kind, self.overall)
+            total += calls * a + flops * b + nbytes * c
+        return total
+
+    def collective(self, op: str, nbytes: float, devices: Sequence[int]) -> float:
+        """The faster of ring and tree for ``op`` over ``devices`` (indices; every
+        ``node_size`` consecutive ones share a node) of ``nbytes`` a participant."""
+        nodes = len({d // self.node_size for d in devices})
+        local = math.ceil(len(devices) / nodes)
+        if nodes == 1:
+            return _flat(op, nbytes, local, self.node)
+        # within each node a reduce-scatter (or gather), across nodes the rest on 1/local of it
+        inner = _flat("reduce_scatter", nbytes, local, self.node) if local > 1 else 0.0
+        return 2 * inner + _flat(op, nbytes / local, nodes, self.network)
+
+    def to_json(self) -> str:
+        data = attrs.asdict(self)
+        data["ops"] = {k: list(v) for k, v in self.ops.items()}
+        return json.dumps({"format": FORMAT, **data}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> CostModel:
+        try:
+            data = json.loads(text)
+            if not isinstance(data, dict) or data.pop("format", None) != FORMAT:
+                raise ValueError(f"not a calibration of format {FORMAT}")
+            data["ops"] = {str(k): _three(v) for k, v in data["ops"].items()}
+            data["overall"] = _three(data["overall"])
+            data["node"], data["network"] = Link(**data["node"]), Link(**data["network"])
+            model = cls(**data)
+            if model.node_size < 1 or min(model.node.bandwidth, model.network.bandwidth) <= 0:
+                raise ValueError("a node of no devices, or a link of no bandwidth")
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None
+        return model
+
+
+def _three(value: Any) -> tuple[float, float, float]:
+    a, b, c = (float(x) for x in value)
+    if min(a, b, c) < 0 or not all(map(math.isfinite, (a, b, c))):
+        raise ValueError(f"costs must be finite and >= 0, got {value!r}")
+    return a, b, c
+
+
+def _flat(op: str, nbytes: float, n: int, link: Link) -> float:
+    """One level's collective of ``n`` participants: the ring (2(n-1) messages of S/n for an
+    all-reduce, n-1 for a gather or scatter) or, for an all-reduce, the tree (2 log2 n
+    messages of S), the faster."""
+    if n <= 1:
+        return 0.0
+    rounds = n - 1 if op in ("all_gather", "reduce_scatter") else 2 * (n - 1)
+    ring = rounds * link.seconds(nbytes / n)
+    if rounds == n - 1:
+        return ring
+    return min(ring, 2 * math.ceil(math.log2(n)) * link.seconds(nbytes))
+
+
+def features(plan: Plan, actor: Actor) -> Features:
+    """Per op kind of ``actor``'s parts: calls, flops and bytes read and written."""
+    shapes_in = [plan.registers[i.register].shape for i in actor.inputs]
+    shapes_out = [plan.registers[o].shape for o in actor.outputs]
+    itemsize = np.dtype(plan.registers[actor.outputs[0]].dtype).itemsize if actor.outputs else 4
+    if len(actor.ops) == 1:
+        parts = [(actor.ops[0], actor.attrs, shapes_in, shapes_out)]
+    else:
+        parts = [
+            (
+                op,
+                part[1],
+                [shapes_in[k] if k >= 0 else shapes_out[~k] for k in part[2]],
+                [shapes_out[t] for t in part[3]],
+            )
+            for op, part in zip(actor.ops, actor.attrs["parts"])
+        ]
+    found: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for op, attrs_, ins, outs in parts:
+        sizes = [math.prod(s) for s in (*ins, *outs)]
+        flops = _flops(op, attrs_, ins, outs)
+        entry = found[op]
+        entry[0] += 1
+        entry[1] += flops
+        entry[2] += sum(sizes) * itemsize
+    return {k: (int(v[0]), v[1], v[2]) for k, v in found.items()}
+
+
+def _flops(op: str, attrs_: dict, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> float:
+    out = math.prod(outs[0]) if outs else 0
+    if op == "matmul" and ins:
+        a = ins[0]
+        k = a[-2] if attrs_.get("transpose_a") else a[-1]
+        return 2.0 * out * k
+    return float(max([out, *(math.prod(s) for s in ins)], default=0))
+
+
+def fit(samples: Iterable[tuple[Features, float]]) -> tuple[dict[str, tuple[float, float, float]], tuple]:
+    """Per kind (seconds a call, a flop, a byte) and the fit over every kind, from acts'
+    features and measured seconds (see the module's docstring)."""
+    samples = list(samples)
+    kinds = sorted({k for f, _ in samples for k in f})
+    weight = np.array([1.0 / max(t, 1e-7) for _, t in samples])  # relative errors count
+    scale = _scales(samples)
+    whole = np.array([_row({"*": _total(f)}, ["*"], scale) for f, _ in samples]) * weight[:, None]
+    target = np.array([t for _, t in samples]) * weight
+    overall = nnls(whole, target)[0] if samples else np.zeros(3)
+    rows = [np.array(_row(f, kinds, scale)) * w for (f, _), w in zip(samples, weight)]
+    pull = RIDGE / float(np.median([t for _, t in samples])) if samples else 0.0
+    prior = []
+    for j in range(len(kinds)):  # a kind's fit, less the fit over every kind, relative to a typical act
+        for p in range(3):
+            row = np.zeros(3 * len(kinds))
+            row[3 * j + p] = pull
+            prior.append((row, pull * overall[p]))
+    a = np.array(rows + [r for r, _ in prior])
+    b = np.concatenate([target, [v for _, v in prior]])
+    solved = nnls(a, b, maxiter=50 * a.shape[1])[0] if len(kinds) else np.zeros(0)
+    ops = {k: tuple(float(solved[3 * j + p] / scale[p]) for p in range(3)) for j, k in enumerate(kinds)}
+    return ops, tuple(float(overall[p] / scale[p]) for p in range(3))  # type: ignore[return-value]
+
+
+def _total(f: Features) -> tuple[int, float, float]:
+    return (sum(v[0] for v in f.values()), sum(v[1] for v in f.values()), sum(v[2] for v in f.values()))
+
+
+def _scales(samples: list[tuple[Features, float]]) -> tuple[float, float, float]:
+    """Per column (calls, flops, bytes) a typical value, so the least squares is well scaled."""
+    totals = np.array([_total(f) for f, _ in samples]) if samples else np.ones((1, 3))
+    return tuple(float(np.median(c[c > 0])) if (c > 0).any() else 1.0 for c in totals.T)  # type: ignore[return-value]
+
+
+def _row(f: Features, kinds: list[str], scale: Sequence[float]) -> list[float]:
+    row = [0.0] * (3 * len(kinds))
+    for j, k in enumerate(kinds):
+        if k in f:
+            for p in range(3):
+                row[3 * j + p] = f[k][p] / scale[p]
+    return row

@@ -1,0 +1,218 @@
+"""A config's run predicted on the virtual clock (``runtime.virtual``), and the cost model
+fitted from a measured one.
+
+``predict`` compiles the config's Plan, wires it as a run would (no buffers), and runs it
+through the same protocol the stream threads run, each act taking the time the cost
+model gives: in the order the replay decided where the runtime would replay it
+(``replay.schedule``), else choosing as the drivers do. A step is one run, as
+``actorflow run`` makes it. The simulated acts become spans through the runtime's own
+span maker, so the report and the metrics are ``actorflow run``'s, from the same code
+(``training.runner.measure``).
+
+The plan is compiled for one process: ranks are a matter of the cost model (which
+devices share a node), not of the simulation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import numpy as np
+from scipy.optimize import nnls
+
+from ..config import Config, parse_config
+from ..plan import Plan
+from ..runtime.replay import Program, schedule
+from ..runtime.runtime import register_stats
+from ..runtime.spans import SpanMaker
+from ..runtime.virtual import Entry, Timing, simulate
+from ..runtime.wiring import Unit, Wiring, wire
+from ..trace.parse import parse
+from ..trace.recorder import Recorder
+from ..training.runner import RunResult, compile_config, measure
+from .costs import CalibrationError, CostModel, Link, features, fit
+
+SIMULATED_STEPS = 4
+"""Steps simulated at most; the rest of a run repeats them."""
+
+
+@attrs.frozen
+class Prediction:
+    result: RunResult
+    chrome: dict[str, Any]
+    step_seconds: float
+
+
+def predict(config: Config, model: CostModel, plan: Plan | None = None) -> Prediction:
+    """``config``'s run as the cost model times it (see the module's docstring)."""
+    plan = plan or compile_config(config, 1)
+    wiring = wire(plan, 0, allocate=False)
+    entries, step_seconds, ordered_by = _clock(config, plan, wiring, model)
+    chrome = spans(plan, entries)
+    result = measure(
+        config,
+        plan,
+        chrome,
+        register_stats(plan, wiring.members),
+        step_seconds * config.train.steps,
+        steps=config.train.steps,
+        losses=[],
+        parameters={},
+        ordered_by=ordered_by,
+        ours=[True] * len(config.parallel.stages),
+        predicted=True,
+    )
+    return Prediction(result, chrome, step_seconds)
+
+
+def _clock(config: Config, plan: Plan, wiring: Wiring, model: CostModel) -> tuple[list[Entry], float, str]:
+    """The simulated acts of up to ``SIMULATED_STEPS`` one-step runs, the seconds a step
+    takes (the host's time between steps included), and how the run orders its acts."""
+    orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
+    steps = min(config.train.steps, SIMULATED_STEPS)
+    timing = Timing(unit_costs(plan, wiring, model), model.launch, model.hop, model.between)
+    ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
+    if ran is None:
+        raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
+    entries = [e for stream in ran for e in stream]
+    end = max((e.end for e in entries), default=0.0)
+    return entries, (end + model.between) / steps, ordered_by
+
+
+def replayed_orders(plan: Plan, wiring: Wiring, order: str) -> tuple[list[list[Unit]] | None, str]:
+    """Per stream, the units a run of one step launches, where the runtime would replay
+    ``plan`` (``Runtime``'s choice); and how the run orders its acts."""
+    program: Program | str = "order='dynamic' was asked for" if order == "dynamic" else schedule(plan, 0)
+    if not isinstance(program, Program):
+        return None, f"dynamic: {program}"
+    orders = []
+    for k, block in enumerate(program.blocks):
+        shifts = [b * program.period for b in program.span(k, 1)]
+        orders.append([wiring.units[e.unit.id] for s in shifts for e in block if 0 <= e.step + s < 1])
+    return orders, "replay"
+
+
+def unit_costs(plan: Plan, wiring: Wiring, model: CostModel) -> list[float]:
+    """Seconds an act of each unit takes: a collective's and a copy across nodes by the
+    links, any other kernel by its parts' op kinds."""
+    place = device_places(plan)
+    costs = []
+    for unit in wiring.units:
+        actor = unit.actor
+        if actor.kind == "collective":
+            nbytes = sum(plan.registers[o].nbytes for o in actor.outputs)
+            op = "all_reduce" if actor.op.endswith("all_reduce") else actor.op
+            costs.append(model.collective(op, nbytes, [place[m.actor.device] for m in unit.members]))
+            continue
+        nodes = {place[plan.registers[r].device] // model.node_size for r in _moved(actor, plan)}
+        if actor.kind == "copy" and len(nodes) > 1:
+            costs.append(model.network.seconds(sum(plan.registers[o].nbytes for o in actor.outputs)))
+        else:
+            costs.append(model.seconds(features(plan, actor)))
+    return costs
+
+
+def _moved(actor: Any, plan: Plan) -> list[int]:
+    return [i.register for i in actor.inputs if not plan.registers[i.register].is_parameter] + list(
+        actor.outputs
+    )
+
+
+def device_places(plan: Plan) -> dict[str, int]:
+    """Each device's place in the plan's device order (by its number): consecutive
+    places share a node."""
+    devices = sorted({r.device for r in plan.registers}, key=lambda d: (len(d), d))
+    return {d: k for k, d in enumerate(devices)}
+
+
+def spans(plan: Plan, entries: Sequence[Entry]) -> dict[str, Any]:
+    """The Chrome trace of simulated acts, made as a run's (``runtime.spans``)."""
+    recorder = Recorder(True, limit=None)
+    maker = SpanMaker(plan, 0)
+    m = plan.micro_batches
+    for e in entries:
+        actor = e.unit.actor
+        number = e.acts[0].number
+        step = number // actor.calls * actor.every // m
+        register = e.acts[0].outputs[0] if e.acts[0].outputs else None
+        recorder.record(step, maker, e.unit, number, step, e.start, e.end, register)
+    return recorder.to_chrome()
+
+
+def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
+    """The cost model of the run a trace of ``actorflow run --trace`` measured (see
+    ``costs``); ``where``: the file, for errors."""
+    other = chrome.get("otherData", {}) if isinstance(chrome, dict) else {}
+    if "config" not in other:
+        raise CalibrationError(f"{where}: a trace without its config (write it with actorflow run --trace)")
+    if "rank" in other:
+        raise CalibrationError(f"{where}: a rank's trace; calibrate on a run of one process")
+    config = parse_config(other["config"], source=where)
+    plan = compile_config(config, 1)
+    wiring = wire(plan, 0, allocate=False)
+    trace = parse(chrome)
+    durations: dict[str, list[float]] = defaultdict(list)
+    gaps: list[float] = []
+    last: dict[int, float] = {}
+    for s in trace.spans:
+        if s.is_kernel:
+            durations[s.name].append((s.end - s.start) / 1e9)
+            if trace.tracks[s.track].kind == "compute" and s.track in last:
+                gaps.append(max(0.0, (s.start - last[s.track]) / 1e9))
+            last[s.track] = s.end
+    measured = {u.id: statistics.median(durations[u.name]) for u in wiring.units if durations.get(u.name)}
+    samples = [
+        (features(plan, u.actor), measured[u.id])
+        for u in wiring.units
+        if u.id in measured and u.actor.kind != "collective"
+    ]
+    if not samples:
+        raise CalibrationError(f"{where}: a trace with no kernel of its config's plan")
+    ops, overall = fit(samples)
+    steps = sorted((s.start, s.end) for s in trace.spans if s.category == "step")
+    makespan = statistics.median(e - b for b, e in steps) / 1e9
+    between = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
+    model = CostModel(
+        ops,
+        overall,
+        launch=statistics.quantiles(gaps, n=10)[0] if len(gaps) > 1 else 0.0,
+        between=between,
+        node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
+        model=other["config"]["model"],
+    )
+    return attrs.evolve(model, hop=_hop(config, plan, model, makespan))
+
+
+def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link | None:
+    """Within a node, alpha and bandwidth from the ring formula's rounds and bytes of the
+    measured collectives (None without any)."""
+    rows, times = [], []
+    for u in wiring.units:
+        if u.actor.kind == "collective" and u.id in measured:
+            n = len(u.members)
+            nbytes = sum(plan.registers[o].nbytes for o in u.actor.outputs)
+            rows.append((2 * (n - 1), 2 * (n - 1) * nbytes / n))
+            times.append(measured[u.id])
+    if not rows:
+        return None
+    alpha, per_byte = nnls(np.array(rows, float), np.array(times))[0]
+    return Link(float(alpha), 1.0 / per_byte if per_byte > 0 else 1e12)
+
+
+def _hop(config: Config, plan: Plan, model: CostModel, makespan: float) -> float:
+    """The hop between streams that makes the measured config's simulated step last as
+    long as it measured (bisection: a longer hop, a longer step)."""
+    lo, hi = 0.0, makespan
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        wiring = wire(plan, 0, allocate=False)
+        _, seconds, _ = _clock(config, plan, wiring, attrs.evolve(model, hop=mid, between=0.0))
+        if seconds < makespan:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
