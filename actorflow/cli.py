@@ -70,6 +70,40 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar or per-step loss")
 
+    sim = sub.add_parser(
+        "simulate",
+        help="predict a YAML config's run on a virtual clock, calibrated from a measured run",
+        description="Run the plan CONFIG describes through the runtime's own protocol on a virtual "
+        "clock, each act taking the time a cost model gives (no data read, no kernel run), and "
+        "print what actorflow run prints, marked predicted. The cost model comes from --calibrate: "
+        "a trace of actorflow run --trace on this machine (of any config of the same model), or "
+        "a calibration file saved from one with --save-calibration.",
+    )
+    _config_arguments(sim)
+    sim.add_argument("--steps", type=_positive, help="override train.steps")
+    sim.add_argument(
+        "--calibrate",
+        metavar="FILE",
+        required=True,
+        help="a trace written by actorflow run --trace, or a calibration file",
+    )
+    sim.add_argument("--save-calibration", metavar="FILE", help="write the fitted cost model there")
+    sim.add_argument(
+        "--layout",
+        metavar="D,T,P",
+        help="data-parallel, tensor-parallel and pipeline degrees over D x T x P devices, "
+        "replacing parallel.stages",
+    )
+    sim.add_argument(
+        "--layouts",
+        type=_positive,
+        metavar="N",
+        help="instead, the fastest layouts on N devices (degrees, micro-batches, schedule) "
+        "that fit runtime.max_memory",
+    )
+    sim.add_argument("--trace", metavar="PATH", help="write the simulated run's Chrome trace there")
+    sim.add_argument("--metrics", metavar="PATH", help='write the results as JSON there ("predicted": true)')
+
     comp = sub.add_parser(
         "compile",
         help="print the plan of a YAML config's run without running it",
@@ -169,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .demo import main as demo
 
         return demo(args.iterations, args.batch, args.width, args.quota, args.trace)
-    if args.command in ("run", "compile"):
+    if args.command in ("run", "compile", "simulate"):
         from .config import load_config
         from .world import this_rank
 
@@ -186,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as err:
             print(f"actorflow {args.command}: error: {err}", file=sys.stderr)
             return 2
+        if args.command == "simulate":
+            return _simulate(config, args)
         return _run(config, args) if args.command == "run" else _compile(config, args)
     if args.command == "launch":
         return _launch(args)
@@ -226,6 +262,58 @@ def _compile(config, args) -> int:
         print(f"actorflow compile: error: {err}", file=sys.stderr)
         return 2
     print(plan.summary() if args.dump else dot(plan) if args.dot else overview(plan))
+    return 0
+
+
+def _simulate(config, args) -> int:
+    from .simulate import CalibrationError, CostModel, calibrate, predict
+    from .simulate.layouts import parse_layout, search, with_layout
+    from .trace.recorder import write_chrome
+    from .training.report import metrics, table
+
+    try:
+        try:
+            with open(args.calibrate) as f:
+                data = json.load(f)
+        except (OSError, ValueError) as err:
+            raise CalibrationError(f"{args.calibrate}: cannot read a calibration: {err}") from None
+        if isinstance(data, dict) and "traceEvents" in data:
+            model = calibrate(data, args.calibrate)
+        else:
+            model = CostModel.from_json(json.dumps(data), args.calibrate)
+        if model.model.get("kind") != config.model.kind:
+            raise CalibrationError(
+                f"{args.calibrate}: fitted on a {model.model.get('kind')} model, this config's is a "
+                f"{config.model.kind}: calibrate on a run of this model"
+            )
+        if args.save_calibration:
+            with open(args.save_calibration, "w") as f:
+                f.write(model.to_json())
+        if args.layouts:
+            found = search(config, args.layouts, model)
+            if not found:
+                raise ConfigError(f"--layouts: no layout of {args.layouts} devices fits this model")
+            print(f"predicted: the fastest layouts of {args.layouts} devices (data,tensor,pipeline)")
+            for c in found:
+                print(
+                    f"  {','.join(map(str, c.layout))}  {c.micro_batches} micro-batches  {c.schedule:<5}  "
+                    f"step {c.step_seconds * 1e3:.3f} ms  {c.memory / 2**20:.1f} MiB a device at most"
+                )
+            return 0
+        if args.layout:
+            config = with_layout(config, *parse_layout(args.layout))
+        prediction = predict(config, model)
+    except (CompileError, ConfigError) as err:
+        print(f"actorflow simulate: error: {err}", file=sys.stderr)
+        return 2
+    print(table(config, prediction.result))
+    if args.trace:
+        write_chrome(prediction.chrome, args.trace)
+        print(f"trace written to {args.trace}")
+    if args.metrics:
+        with open(args.metrics, "w") as f:
+            json.dump(metrics(config, prediction.result), f, indent=2)
+        print(f"metrics written to {args.metrics}")
     return 0
 
 

@@ -31,6 +31,7 @@ from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Timing, simulate
 from ..runtime.wiring import Unit, Wiring, wire
+from ..trace.metrics import summarize_parsed
 from ..trace.parse import parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
@@ -38,6 +39,8 @@ from .costs import CalibrationError, CostModel, Link, features, fit
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
+LAUNCHES = (0.0, 2e-6, 5e-6, 10e-6, 20e-6, 40e-6)
+"""The per-act times of a stream that calibration tries."""
 
 
 @attrs.frozen
@@ -156,14 +159,9 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     wiring = wire(plan, 0, allocate=False)
     trace = parse(chrome)
     durations: dict[str, list[float]] = defaultdict(list)
-    gaps: list[float] = []
-    last: dict[int, float] = {}
     for s in trace.spans:
         if s.is_kernel:
             durations[s.name].append((s.end - s.start) / 1e9)
-            if trace.tracks[s.track].kind == "compute" and s.track in last:
-                gaps.append(max(0.0, (s.start - last[s.track]) / 1e9))
-            last[s.track] = s.end
     measured = {u.id: statistics.median(durations[u.name]) for u in wiring.units if durations.get(u.name)}
     samples = [
         (features(plan, u.actor), measured[u.id])
@@ -179,12 +177,12 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     model = CostModel(
         ops,
         overall,
-        launch=statistics.quantiles(gaps, n=10)[0] if len(gaps) > 1 else 0.0,
         between=between,
         node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
         model=other["config"]["model"],
     )
-    return attrs.evolve(model, hop=_hop(config, plan, model, makespan))
+    bubble = summarize_parsed(trace, [stage[0] for stage in config.parallel.stages]).bubble or 0.0
+    return _overheads(config, plan, model, makespan, bubble)
 
 
 def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link | None:
@@ -203,16 +201,23 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
     return Link(float(alpha), 1.0 / per_byte if per_byte > 0 else 1e12)
 
 
-def _hop(config: Config, plan: Plan, model: CostModel, makespan: float) -> float:
-    """The hop between streams that makes the measured config's simulated step last as
-    long as it measured (bisection: a longer hop, a longer step)."""
-    lo, hi = 0.0, makespan
-    for _ in range(20):
-        mid = (lo + hi) / 2
-        wiring = wire(plan, 0, allocate=False)
-        _, seconds, _ = _clock(config, plan, wiring, attrs.evolve(model, hop=mid, between=0.0))
-        if seconds < makespan:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, bubble: float) -> CostModel:
+    """``launch`` and ``hop`` so that the measured config's simulated step lasts as long
+    as it measured, with its mean bubble nearest the measured one: for each launch in
+    ``LAUNCHES`` the hop by bisection (a longer hop, a longer step)."""
+    best: tuple[float, CostModel] | None = None
+    stages = [stage[0] for stage in config.parallel.stages]
+    for launch in LAUNCHES:
+        lo, hi = 0.0, makespan
+        for _ in range(16):
+            mid = (lo + hi) / 2
+            trial = attrs.evolve(model, launch=launch, hop=mid, between=0.0)
+            _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
+            lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
+        trial = attrs.evolve(model, launch=launch, hop=lo)
+        entries, _, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
+        simulated = summarize_parsed(parse(spans(plan, entries)), stages).bubble or 0.0
+        if best is None or abs(simulated - bubble) < best[0]:
+            best = (abs(simulated - bubble), trial)
+    assert best is not None, "LAUNCHES is not empty"
+    return best[1]
