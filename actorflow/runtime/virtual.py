@@ -99,7 +99,7 @@ def simulate(
             return
         acts = [m.state.take() for m in unit.members]
         queues[k].requeue(unit)
-        entry = Entry(unit, acts, k, per_step[unit.id], now)
+        entry = Entry(unit, acts, k, per_step[unit.id], now + launch_s)  # its kernel's start
         for member, act in zip(unit.members, acts):
             actor = member.actor.id
             for slot, buffer in enumerate(act.inputs):
@@ -109,7 +109,7 @@ def simulate(
                 entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
         ran[k].append(entry)
         busy[k] = True
-        entry.end = now + launch_s + costs[unit.id]
+        entry.end = entry.start + costs[unit.id]
         heapq.heappush(events, (entry.end, 0, k, entry))
 
     def tell(unit: Unit, now: float, k: int, news: tuple) -> None:

@@ -173,11 +173,11 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     ops, overall = fit(samples)
     steps = sorted((s.start, s.end) for s in trace.spans if s.category == "step")
     makespan = statistics.median(e - b for b, e in steps) / 1e9
-    between = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
+    gap = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
     model = CostModel(
         ops,
         overall,
-        between=between,
+        between=gap,
         node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
         model=other["config"]["model"],
     )
@@ -203,8 +203,9 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
 
 def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, bubble: float) -> CostModel:
     """``launch`` and ``hop`` so that the measured config's simulated step lasts as long
-    as it measured, with its mean bubble nearest the measured one: for each launch in
-    ``LAUNCHES`` the hop by bisection (a longer hop, a longer step)."""
+    as it measured (``makespan``), with its mean bubble nearest the measured one: for
+    each launch in ``LAUNCHES`` the hop by bisection (a longer hop, a longer step). The
+    measured time between steps (``model.between``) includes the next step's first launch."""
     best: tuple[float, CostModel] | None = None
     stages = [stage[0] for stage in config.parallel.stages]
     for launch in LAUNCHES:
@@ -214,7 +215,7 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, bu
             trial = attrs.evolve(model, launch=launch, hop=mid, between=0.0)
             _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
             lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-        trial = attrs.evolve(model, launch=launch, hop=lo)
+        trial = attrs.evolve(model, launch=launch, hop=lo, between=max(0.0, model.between - launch))
         entries, _, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
         simulated = summarize_parsed(parse(spans(plan, entries)), stages).bubble or 0.0
         if best is None or abs(simulated - bubble) < best[0]:

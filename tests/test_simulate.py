@@ -1,0 +1,172 @@
+"""``actorflow simulate``: the virtual clock makes a run's decisions with a cost model's
+durations, the cost model's fit recovers known costs, memory is the plan's, and bad
+input is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from actorflow.config import load_config
+from actorflow.runtime import Session
+from actorflow.runtime.virtual import Timing, simulate
+from actorflow.runtime.wiring import wire
+from actorflow.simulate import CostModel, calibrate, predict
+from actorflow.simulate.costs import fit
+from actorflow.simulate.predict import replayed_orders, unit_costs
+from actorflow.trace.parse import parse
+from actorflow.training import compile_config
+from actorflow.training.data import dataset, step_feeds
+from actorflow.training.runner import local_feeds, with_config
+from test_cli import run_cli
+
+STEPS = 3
+KNOWN = CostModel(
+    ops={"matmul": (4e-6, 2e-11, 1e-11), "relu": (1e-6, 0.0, 3e-11), "bias_add": (1e-6, 0.0, 2e-11)},
+    overall=(2e-6, 1e-11, 2e-11),
+    launch=3e-6,
+    between=5e-5,
+    model={"kind": "mlp"},
+)
+
+
+def measured_run(name: str, steps: int = STEPS) -> tuple:
+    """(config, plan, the Chrome trace of a run of it)."""
+    config = load_config(f"configs/{name}.yaml", [f"train.steps={steps}"])
+    plan = compile_config(config)
+    data = dataset(config)
+    with Session(plan, trace=True) as session:
+        parts = local_feeds(plan, 0)
+        for step in range(steps):
+            session.run(step_feeds(config, data, step, parts))
+        chrome = session.recorder.to_chrome()
+    return config, plan, with_config(chrome, config)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["1f1b", "zb1"])
+def test_with_the_measured_durations_each_stream_runs_the_measured_order(name):
+    config, plan, chrome = measured_run(name)
+    wiring = wire(plan, 0, allocate=False)
+    by_name = {u.name: u for u in wiring.units}
+    measured: dict[int, list] = defaultdict(list)  # per stream thread: (start, unit, act)
+    durations: dict[str, list[float]] = defaultdict(list)
+    for s in parse(chrome).spans:
+        if s.is_kernel:
+            unit = by_name[s.name]
+            measured[unit.stream].append((s.start, s.name, s.args["act"]))
+            durations[s.name].append((s.end - s.start) / 1e9)
+    costs = [statistics.median(durations[u.name]) for u in wiring.units]
+    orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
+    assert ordered_by == "replay"
+    ran = simulate(wiring, plan.micro_batches, 1, STEPS, Timing(costs, hop=2e-5), orders)
+    assert ran is not None
+    for k, stream in enumerate(wiring.streams):
+        want = [(n, a) for _, n, a in sorted(measured[stream.stream.id])]
+        assert [(e.unit.name, e.acts[0].number) for e in ran[k]] == want, stream.stream.name
+
+
+def test_the_fit_recovers_known_costs_per_kind():
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(60):
+        f = {
+            k: (int(rng.integers(1, 3)), float(rng.integers(1, 9)) * 1e6, float(rng.integers(1, 9)) * 1e5)
+            for k in KNOWN.ops
+            if rng.random() < 0.7
+        }
+        if f:
+            samples.append((f, KNOWN.seconds(f)))
+    ops, _ = fit(samples)
+    for kind, costs in KNOWN.ops.items():
+        assert ops[kind] == pytest.approx(costs, rel=0.02, abs=1e-13), kind
+
+
+@pytest.mark.timeout(120)
+def test_calibrating_on_a_trace_with_known_costs_gives_them_back():
+    config = load_config("configs/default.yaml", ["train.steps=4"])
+    plan = compile_config(config, 1)
+    made = predict(config, KNOWN, plan)
+    model = calibrate(with_config(made.chrome, config), "synthetic")
+    wiring = wire(plan, 0, allocate=False)
+    assert unit_costs(plan, wiring, model) == pytest.approx(unit_costs(plan, wiring, KNOWN), rel=0.03)
+    assert model.between + model.launch == pytest.approx(KNOWN.between + KNOWN.launch, rel=1e-3)
+    assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
+
+
+@pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])
+def test_predicted_memory_is_the_plans(name):
+    config = load_config(f"configs/{name}.yaml", ["train.steps=2"])
+    plan = compile_config(config, 1)
+    result = predict(config, KNOWN, plan).result
+    assert result.predicted
+    assert result.memory == plan.memory
+    assert all(result.held_memory[d] <= planned for d, planned in plan.memory.items())
+    assert all(0 < peak <= quota for peak, quota in zip(result.peak_activations, result.activation_quotas))
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cal") / "cal.json"
+    path.write_text(KNOWN.to_json())
+    return str(path)
+
+
+@pytest.mark.timeout(120)
+def test_simulate_prints_the_run_report_marked_predicted_and_writes_metrics_and_trace(
+    capsys, tmp_path, calibration
+):
+    metrics, trace = tmp_path / "m.json", tmp_path / "t.json"
+    code, out, err = run_cli(
+        capsys,
+        "simulate",
+        "configs/zb1.yaml",
+        "--calibrate",
+        calibration,
+        "--steps",
+        "5",
+        "--metrics",
+        str(metrics),
+        "--trace",
+        str(trace),
+    )
+    assert code == 0, err
+    assert out.startswith("predicted (simulated, no kernel run): 5 steps of 256 samples")
+    assert "bubble" in out and "critical path" in out and "MiB planned" in out
+    data = json.loads(metrics.read_text())
+    assert data["predicted"] is True and len(data["stages"]) == 2
+    assert parse(json.loads(trace.read_text())).spans
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--layout", "2,2"], "--layout: expected D,T,P"),
+        (["--layout", "1,1,9"], "parallel.stages"),
+        (["--layouts", "7"], "--layouts: no layout of 7 devices"),
+        (["--calibrate-corrupt"], "not a calibration file"),
+        (["--calibrate-unreadable"], "cannot read a calibration"),
+        (["--other-model"], "fitted on a transformer model"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, calibration, args, says):
+    path = calibration
+    if args == ["--calibrate-corrupt"]:
+        path, args = str(tmp_path / "c.json"), []
+        (tmp_path / "c.json").write_text(json.dumps({"format": "actorflow-calibration/1", "ops": 3}))
+    elif args == ["--calibrate-unreadable"]:
+        path, args = str(tmp_path / "c.json"), []
+        (tmp_path / "c.json").write_text('{"ops": ')
+    elif args == ["--other-model"]:
+        path, args = str(tmp_path / "c.json"), []
+        (tmp_path / "c.json").write_text(
+            CostModel(KNOWN.ops, KNOWN.overall, model={"kind": "transformer"}).to_json()
+        )
+    code, out, err = run_cli(capsys, "simulate", "configs/default.yaml", "--calibrate", path, *args)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1 and says in err, err
