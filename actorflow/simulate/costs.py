@@ -14,7 +14,7 @@ time from one step's end to the next's start.
 config, so the plan's shapes can be rebuilt): each actor's median kernel time over its
 acts, by non-negative least squares per kind, pulled towards one fit over every kind
 (what a kind seen on one shape only can't tell apart: its fixed cost from its rates);
-the runtime's costs by simulating the measured config and matching its step time.
+the stream's time per act by simulating the measured config and matching its step time.
 The result is a small JSON file a user keeps per machine (``CostModel.to_json``).
 """
 

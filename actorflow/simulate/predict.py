@@ -31,7 +31,6 @@ from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Timing, simulate
 from ..runtime.wiring import Unit, Wiring, wire
-from ..trace.metrics import summarize_parsed
 from ..trace.parse import parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
@@ -39,8 +38,9 @@ from .costs import CalibrationError, CostModel, Link, features, fit
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
-LAUNCHES = (0.0, 2e-6, 5e-6, 10e-6, 20e-6, 40e-6)
-"""The per-act times of a stream that calibration tries."""
+HOP = 30e-6
+"""A message between two streams' threads: half the ~60 us thread round trip of
+DESIGN.md's measured facts."""
 
 
 @attrs.frozen
@@ -181,8 +181,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
         model=other["config"]["model"],
     )
-    bubble = summarize_parsed(trace, [stage[0] for stage in config.parallel.stages]).bubble or 0.0
-    return _overheads(config, plan, model, makespan, bubble)
+    return _overheads(config, plan, model, makespan)
 
 
 def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link | None:
@@ -201,24 +200,15 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
     return Link(float(alpha), 1.0 / per_byte if per_byte > 0 else 1e12)
 
 
-def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, bubble: float) -> CostModel:
-    """``launch`` and ``hop`` so that the measured config's simulated step lasts as long
-    as it measured (``makespan``), with its mean bubble nearest the measured one: for
-    each launch in ``LAUNCHES`` the hop by bisection (a longer hop, a longer step). The
-    measured time between steps (``model.between``) includes the next step's first launch."""
-    best: tuple[float, CostModel] | None = None
-    stages = [stage[0] for stage in config.parallel.stages]
-    for launch in LAUNCHES:
-        lo, hi = 0.0, makespan
-        for _ in range(16):
-            mid = (lo + hi) / 2
-            trial = attrs.evolve(model, launch=launch, hop=mid, between=0.0)
-            _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
-            lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-        trial = attrs.evolve(model, launch=launch, hop=lo, between=max(0.0, model.between - launch))
-        entries, _, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
-        simulated = summarize_parsed(parse(spans(plan, entries)), stages).bubble or 0.0
-        if best is None or abs(simulated - bubble) < best[0]:
-            best = (abs(simulated - bubble), trial)
-    assert best is not None, "LAUNCHES is not empty"
-    return best[1]
+def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float) -> CostModel:
+    """``launch`` so that the measured config's simulated step lasts as long as it
+    measured (``makespan``), by bisection (a longer launch, a longer step), with ``hop``
+    a thread's wake-up (``HOP``). The measured time between steps (``model.between``)
+    includes the next step's first launch."""
+    lo, hi = 0.0, makespan / 8
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        trial = attrs.evolve(model, launch=mid, hop=HOP, between=0.0)
+        _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
+        lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
+    return attrs.evolve(model, launch=lo, hop=HOP, between=max(0.0, model.between - lo))

@@ -1,0 +1,110 @@
+"""The simulator's accuracy: configs measured by ``actorflow run`` and predicted by
+``actorflow simulate`` in the same invocation, the cost model calibrated on one run of a
+config not in the table (per model: the MLP's on GPipe at 2 micro-batches, the
+transformer's on 4 micro-batches).
+
+Per config: the measured step time (the median over steps of one step's start to the
+next's, from the run's trace, which leaves out the steps other load on the machine
+stretched; the median over --repeats runs) beside the predicted one and the error; the
+measured bubble per stage (median over runs) beside the predicted one. Then the median
+and worst errors and the worst bubble difference, against the goals (5%, 10%, 0.05).
+
+Run: python benchmarks/simulate.py [--steps 30] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+from actorflow.config import load_config
+from actorflow.simulate import calibrate, predict
+from actorflow.text import columns
+from actorflow.trace.parse import parse
+from actorflow.training import train
+
+MLP = [
+    ("default (1f1b, m4)", "default", []),
+    ("gpipe m4", "gpipe", []),
+    ("zb1 m4", "zb1", []),
+    ("1f1b m2", "1f1b", ["parallel.micro_batches=2"]),
+    ("1f1b m8", "1f1b", ["parallel.micro_batches=8"]),
+    ("gpipe m8", "gpipe", ["parallel.micro_batches=8"]),
+    ("zb1 m8", "zb1", ["parallel.micro_batches=8"]),
+    ("1 device", "default", ["parallel.stages=[cpu:0]", "parallel.micro_batches=1"]),
+    ("recompute", "default", ["parallel.recompute=true"]),
+    ("2x2 data parallel", "2x2", []),
+    ("2x2 sharded optimizer", "2x2", ["train.optimizer.shard=true"]),
+]
+TRANSFORMER = [
+    ("transformer (tp 2, m2)", "transformer", []),
+    ("transformer zb1", "transformer", ["parallel.schedule=zb1"]),
+]
+CALIBRATION = {
+    "mlp": ("gpipe", ["parallel.micro_batches=2"]),
+    "transformer": ("transformer", ["parallel.micro_batches=4"]),
+}
+
+
+def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str) -> tuple:
+    """Medians over ``repeats`` runs: (step seconds, bubble per stage), and the last trace."""
+    periods, bubbles, chrome = [], [], {}
+    for k in range(repeats):
+        config = load_config(f"configs/{name}.yaml", [*sets, f"train.steps={steps}"])
+        path = os.path.join(folder, f"{name}.{k}.json")
+        result = train(config, trace=path)
+        with open(path) as f:
+            chrome = json.load(f)
+        starts = sorted(s.start for s in parse(chrome).spans if s.category == "step")
+        periods.append(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1e9)
+        bubbles.append(result.bubbles)
+    per_stage = [statistics.median(b[s] for b in bubbles) for s in range(len(bubbles[0]))]
+    return statistics.median(periods), per_stage, chrome
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=30, help="steps per measured run (default 30)")
+    p.add_argument("--repeats", type=int, default=3, help="measured runs per config; medians")
+    args = p.parse_args()
+    print(f"actorflow simulate accuracy: {os.cpu_count()} cores; {args.steps} steps x {args.repeats} runs")
+    rows = [("config", "measured ms", "predicted ms", "error", "bubble measured", "bubble predicted")]
+    errors, gaps = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for kind, table in (("mlp", MLP), ("transformer", TRANSFORMER)):
+            name, sets = CALIBRATION[kind]
+            *_, chrome = measured(name, sets, args.steps, 1, folder)
+            model = calibrate(chrome, f"{name} {' '.join(sets)}")
+            print(f"{kind}: calibrated on {name} {' '.join(sets)}")
+            for label, config_name, config_sets in table:
+                step, bubbles, _ = measured(config_name, config_sets, args.steps, args.repeats, folder)
+                config = load_config(
+                    f"configs/{config_name}.yaml", [*config_sets, f"train.steps={args.steps}"]
+                )
+                prediction = predict(config, model)
+                error = prediction.step_seconds / step - 1
+                errors.append(abs(error))
+                gaps += [abs(a - b) for a, b in zip(bubbles, prediction.result.bubbles)]
+                rows.append(
+                    (
+                        label,
+                        f"{step * 1e3:.3f}",
+                        f"{prediction.step_seconds * 1e3:.3f}",
+                        f"{error:+.1%}",
+                        " ".join(f"{b:.3f}" for b in bubbles),
+                        " ".join(f"{b:.3f}" for b in prediction.result.bubbles),
+                    )
+                )
+    print("\n".join(columns(rows)))
+    print(
+        f"step time error: median {statistics.median(errors):.1%} (goal 5%), worst {max(errors):.1%} "
+        f"(goal 10%); bubble: worst difference {max(gaps):.3f} (goal 0.05)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
