@@ -28,7 +28,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-from scipy.optimize import nnls
 
 from ..errors import ConfigError
 from ..plan import Actor, Plan
@@ -184,7 +183,7 @@ def fit(samples: Iterable[tuple[Features, float]]) -> tuple[dict[str, tuple[floa
     scale = _scales(samples)
     whole = np.array([_row({"*": _total(f)}, ["*"], scale) for f, _ in samples]) * weight[:, None]
     target = np.array([t for _, t in samples]) * weight
-    overall = nnls(whole, target)[0] if samples else np.zeros(3)
+    overall = nnls(whole, target) if samples else np.zeros(3)
     rows = [np.array(_row(f, kinds, scale)) * w for (f, _), w in zip(samples, weight)]
     pull = RIDGE / float(np.median([t for _, t in samples])) if samples else 0.0
     prior = []
@@ -195,9 +194,25 @@ def fit(samples: Iterable[tuple[Features, float]]) -> tuple[dict[str, tuple[floa
             prior.append((row, pull * overall[p]))
     a = np.array(rows + [r for r, _ in prior])
     b = np.concatenate([target, [v for _, v in prior]])
-    solved = nnls(a, b, maxiter=50 * a.shape[1])[0] if len(kinds) else np.zeros(0)
+    solved = nnls(a, b) if len(kinds) else np.zeros(0)
     ops = {k: tuple(float(solved[3 * j + p] / scale[p]) for p in range(3)) for j, k in enumerate(kinds)}
     return ops, tuple(float(overall[p] / scale[p]) for p in range(3))  # type: ignore[return-value]
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: solve, fix the negative ones at 0, solve
+    for the rest again, until none is negative (an active set, enough for these few
+    columns)."""
+    free = np.ones(a.shape[1], bool)
+    x = np.zeros(a.shape[1])
+    while free.any():
+        x[:] = 0.0
+        x[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        negative = free & (x < 0)
+        if not negative.any():
+            return x
+        free &= ~negative
+    return x
 
 
 def _total(f: Features) -> tuple[int, float, float]:

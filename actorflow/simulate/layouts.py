@@ -22,7 +22,7 @@ def parse_layout(text: str) -> tuple[int, int, int]:
         degrees = ()
     if len(degrees) != 3 or min(degrees) < 1:
         raise ConfigError(f"--layout: expected D,T,P, three integers >= 1, got {text!r}")
-    return degrees  # type: ignore[return-value]
+    return degrees
 
 
 def with_layout(

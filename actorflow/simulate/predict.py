@@ -22,7 +22,6 @@ from typing import Any
 
 import attrs
 import numpy as np
-from scipy.optimize import nnls
 
 from ..config import Config, parse_config
 from ..plan import Plan
@@ -34,7 +33,7 @@ from ..runtime.wiring import Unit, Wiring, wire
 from ..trace.parse import parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
-from .costs import CalibrationError, CostModel, Link, features, fit
+from .costs import CalibrationError, CostModel, Link, features, fit, nnls
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
@@ -196,7 +195,7 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
             times.append(measured[u.id])
     if not rows:
         return None
-    alpha, per_byte = nnls(np.array(rows, float), np.array(times))[0]
+    alpha, per_byte = nnls(np.array(rows, float), np.array(times))
     return Link(float(alpha), 1.0 / per_byte if per_byte > 0 else 1e12)
 
 
