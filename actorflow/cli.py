@@ -266,12 +266,19 @@ def _compile(config, args) -> int:
 
 
 def _simulate(config, args) -> int:
+    import json
+
+    from .files import check_outputs, replaced, write_json
     from .simulate import CalibrationError, CostModel, calibrate, predict
     from .simulate.layouts import parse_layout, search, with_layout
     from .trace.recorder import write_chrome
     from .training.report import metrics, table
 
     try:
+        check_outputs(
+            {"--trace": args.trace, "--metrics": args.metrics, "--save-calibration": args.save_calibration},
+            {"config": args.config, "calibration": args.calibrate},
+        )
         try:
             with open(args.calibrate) as f:
                 data = json.load(f)
@@ -287,7 +294,7 @@ def _simulate(config, args) -> int:
                 f"{config.model.kind}: calibrate on a run of this model"
             )
         if args.save_calibration:
-            with open(args.save_calibration, "w") as f:
+            with replaced(args.save_calibration) as f:
                 f.write(model.to_json())
         if args.layouts:
             found = search(config, args.layouts, model)
@@ -311,8 +318,7 @@ def _simulate(config, args) -> int:
         write_chrome(prediction.chrome, args.trace)
         print(f"trace written to {args.trace}")
     if args.metrics:
-        with open(args.metrics, "w") as f:
-            json.dump(metrics(config, prediction.result), f, indent=2)
+        write_json(metrics(config, prediction.result), args.metrics, indent=2)
         print(f"metrics written to {args.metrics}")
     return 0
 
