@@ -8,6 +8,8 @@ one place users and passes import the records from.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import attrs
 
 from . import plan_bytes, plan_summary
@@ -31,15 +33,19 @@ from .plan_data import (
 
 @attrs.frozen
 class Plan(PlanData):
-    def to_bytes(self) -> bytes:
-        """The plan sealed as bytes (see ``plan_bytes``)."""
-        return plan_bytes.to_bytes(self)
+    def to_bytes(self, key: bytes | None = None) -> bytes:
+        """The plan sealed as bytes, with an HMAC under ``key`` if given (see ``plan_bytes``)."""
+        return plan_bytes.to_bytes(self, key)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Plan:
-        """A Plan read back and checked (see ``plan_bytes.from_bytes``): like pickle, load
-        only plans you trust."""
-        return plan_bytes.from_bytes(data, cls)
+    def from_bytes(
+        cls, data: bytes, *, allow: Sequence[str] = (), trusted: bool = False, key: bytes | None = None
+    ) -> Plan:
+        """A Plan read back and checked, safely by default (see ``plan_bytes.from_bytes``):
+        functions import only from actorflow, numpy's ufuncs and the modules in ``allow``;
+        functions carried by value load only when ``trusted``; ``key`` checks the HMAC of a
+        plan sealed with it."""
+        return plan_bytes.from_bytes(data, cls, allow=allow, trusted=trusted, key=key)
 
     def summary(self) -> str:
         """The Plan for people: streams, actors, quotas, events, collective order, memory."""

@@ -1,16 +1,25 @@
 """A Plan's round trip through bytes: msgpack, kernels and user functions as import paths
 (by value, pickled with cloudpickle, when they have none: lambdas, local functions, a
-script's own), arrays as raw bytes, the whole sealed with a digest; what is read back is
-checked (digest, schema, ``plan_check.validate``) before anyone can run it.
+script's own), arrays as raw bytes, the whole sealed with a digest (or, with a key, an
+HMAC, so that tampering is detected and not only corruption).
+
+Reading bytes back runs nothing they say: decoding leaves every function as a
+``FunctionRef``; only once the seal and the schema are checked are the references
+resolved, and then only to actorflow's own functions, numpy's ufuncs and the modules the
+caller allows (importing a module runs it). A function carried by value is unpickled
+only for a caller who says the plan is ``trusted`` (as ``torch.load``'s ``weights_only``
+is the default and pickles are the exception). Then ``plan_check.validate`` checks the
+plan's consistency before anyone can run it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import importlib
 import pickle
 import reprlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
@@ -31,29 +40,47 @@ FORMAT_VERSION = 4
 P = TypeVar("P", bound=PlanData)
 
 
+OWN_MODULES = ("actorflow",)
+"""Modules whose functions every load may import: actorflow's own kernels."""
+
+
+@attrs.frozen
+class FunctionRef:
+    """A function as the bytes name it, not yet imported or unpickled: ``path``
+    (``module:qualname``) or ``pickled`` (cloudpickle's bytes)."""
+
+    path: str | None = None
+    pickled: bytes | None = None
+
+
 @cyclic_gc_paused()
-def to_bytes(plan: PlanData) -> bytes:
-    """``plan`` sealed as bytes; a PlanSerializationError names an actor whose function
-    cannot travel."""
+def to_bytes(plan: PlanData, key: bytes | None = None) -> bytes:
+    """``plan`` sealed as bytes, with an HMAC under ``key`` if given; a
+    PlanSerializationError names an actor whose function cannot travel."""
     for actor in plan.actors:
         for fn in [actor.kernel, *_functions(actor.attrs)]:
             try:
                 _function_entry(fn)
             except PlanSerializationError as e:
                 raise PlanSerializationError(f"actor {actor.name!r}: {e}") from None
-    return _seal(msgpack.packb(_converter.unstructure(plan), default=_encode))
+    return _seal(msgpack.packb(_converter.unstructure(plan), default=_encode), key)
 
 
 @cyclic_gc_paused()
-def from_bytes(data: bytes, cls: type[P]) -> P:
-    """A ``cls`` read back, checked: its digest (so corrupted bytes are refused), its
-    schema (no unknown or missing keys, no wrong types) and ``plan_check.validate``
-    (ids, consumers, streams, events, ranks, deadlock). Any failure is one
-    PlanSerializationError saying what is wrong. It imports the functions it names,
-    unpickles those it carries by value, and runs them: like pickle, load only plans
-    you trust."""
+def from_bytes(
+    data: bytes, cls: type[P], *, allow: Sequence[str] = (), trusted: bool = False, key: bytes | None = None
+) -> P:
+    """A ``cls`` read back, checked: its seal (a digest, so corrupted bytes are refused,
+    or the HMAC under ``key``, so changed ones are), its schema (no unknown or missing
+    keys, no wrong types), its functions (see the module: imported only from actorflow,
+    numpy's ufuncs and the modules in ``allow``, and unpickled only when ``trusted``,
+    which also allows any import) and ``plan_check.validate`` (ids, consumers, streams,
+    events, ranks, deadlock). Any failure is one PlanSerializationError saying what is
+    wrong."""
     try:
-        decoded = msgpack.unpackb(_unseal(data), object_hook=_decode, use_list=False, strict_map_key=False)
+        decoded = msgpack.unpackb(
+            _unseal(data, key), object_hook=_decode, use_list=False, strict_map_key=False
+        )
         plan = _converter.structure(decoded, cls)
     except PlanSerializationError:
         raise
@@ -61,11 +88,60 @@ def from_bytes(data: bytes, cls: type[P]) -> P:
         raise _schema_error(e) from None
     except Exception as e:
         raise PlanSerializationError(f"not a serialized Plan: {type(e).__name__}: {e}") from e
+    plan = _resolved(plan, tuple(allow), trusted)
     try:
         validate(plan)
     except CompileError as e:
         raise PlanSerializationError(f"not a consistent Plan: {e}") from e
     return plan
+
+
+def _resolved(plan: P, allow: tuple[str, ...], trusted: bool) -> P:
+    """``plan`` with its actors' FunctionRefs replaced by the functions, or a
+    PlanSerializationError naming the actor whose function the caller did not allow."""
+    actors = []
+    for actor in plan.actors:
+        try:
+            actors.append(
+                attrs.evolve(
+                    actor,
+                    kernel=_function(actor.kernel, allow, trusted),
+                    attrs=_with_functions(actor.attrs, lambda ref: _function(ref, allow, trusted)),
+                )
+            )
+        except PlanSerializationError as e:
+            raise PlanSerializationError(f"actor {actor.name!r}: {e}") from None
+    return attrs.evolve(plan, actors=tuple(actors))
+
+
+def _function(ref: Any, allow: tuple[str, ...], trusted: bool) -> Callable:
+    if not isinstance(ref, FunctionRef):
+        raise PlanSerializationError(f"expected a function, got {reprlib.repr(ref)}")
+    if ref.pickled is not None:
+        if not trusted:
+            raise PlanSerializationError(
+                "its function is carried by value (pickled), and unpickling runs code: "
+                "load the plan with trusted=True only if you trust where it came from"
+            )
+        return pickle.loads(ref.pickled)
+    assert ref.path is not None, "a FunctionRef names a path or carries a pickle"
+    module = ref.path.partition(":")[0]
+    if not trusted and not any(
+        module == m or module.startswith(m + ".") for m in (*OWN_MODULES, *allow, "numpy")
+    ):
+        raise PlanSerializationError(
+            f"its function {ref.path} is in module {module}, which this load does not allow "
+            f"(importing a module runs it): pass allow=[{module.partition('.')[0]!r}] if you trust it"
+        )
+    fn = resolve(ref.path)
+    if not trusted and (
+        import_path(fn) != ref.path or module.startswith("numpy") and not isinstance(fn, np.ufunc)
+    ):
+        raise PlanSerializationError(
+            f"{ref.path} is not a function defined there"
+            + (" (of numpy, only ufuncs load)" if module.startswith("numpy") else "")
+        )
+    return fn
 
 
 def import_path(fn: Callable) -> str | None:
@@ -107,13 +183,16 @@ def resolve(path: str) -> Callable:
     return obj
 
 
-def _seal(payload: bytes) -> bytes:
-    """The serialized form: the format, the plan's msgpack payload and its digest."""
-    return msgpack.packb({"format": FORMAT_VERSION, "blake2b": _digest(payload), "plan": payload})
+def _seal(payload: bytes, key: bytes | None = None) -> bytes:
+    """The serialized form: the format, the plan's msgpack payload and its digest, or its
+    HMAC under ``key``."""
+    seal = {"blake2b": _digest(payload)} if key is None else {"hmac-sha256": _hmac(payload, key)}
+    return msgpack.packb({"format": FORMAT_VERSION, **seal, "plan": payload})
 
 
-def _unseal(data: bytes) -> bytes:
-    """The payload of sealed bytes, or a PlanSerializationError if they aren't whole."""
+def _unseal(data: bytes, key: bytes | None = None) -> bytes:
+    """The payload of sealed bytes, or a PlanSerializationError if they aren't whole (or,
+    with a ``key``, if they weren't sealed with it)."""
     try:
         sealed = msgpack.unpackb(data)
     except Exception as e:
@@ -127,12 +206,29 @@ def _unseal(data: bytes) -> bytes:
             f"a serialized Plan of format {sealed['format']}; this actorflow reads format {FORMAT_VERSION} "
             "(compile the plan again)"
         )
-    if not isinstance(sealed, dict) or set(sealed) != {"format", "blake2b", "plan"}:
+    seals = ({"blake2b"}, {"hmac-sha256"})
+    if not isinstance(sealed, dict) or not any(set(sealed) == {"format", "plan", *seal} for seal in seals):
         raise PlanSerializationError(f"not a serialized Plan of format {FORMAT_VERSION}")
     payload = sealed["plan"]
-    if not isinstance(payload, bytes) or sealed["blake2b"] != _digest(payload):
+    if not isinstance(payload, bytes):
+        raise PlanSerializationError("the serialized Plan is corrupt: its payload is not bytes")
+    if key is None and "hmac-sha256" in sealed:
+        raise PlanSerializationError("the serialized Plan is sealed with a key: pass key= to check it")
+    if key is not None and "hmac-sha256" not in sealed:
+        raise PlanSerializationError(
+            "the serialized Plan is not sealed with a key, so it can't be checked with one"
+        )
+    if key is not None and not hmac.compare_digest(sealed["hmac-sha256"], _hmac(payload, key)):
+        raise PlanSerializationError(
+            "the serialized Plan's HMAC does not match: it was changed, or sealed with another key"
+        )
+    if key is None and sealed["blake2b"] != _digest(payload):
         raise PlanSerializationError("the serialized Plan is corrupt: its digest does not match its contents")
     return payload
+
+
+def _hmac(payload: bytes, key: bytes) -> bytes:
+    return hmac.new(key, payload, "sha256").digest()
 
 
 def _functions(value: Any) -> Iterator[Callable]:
@@ -146,6 +242,18 @@ def _functions(value: Any) -> Iterator[Callable]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from _functions(item)
+
+
+def _with_functions(value: Any, function: Callable[[FunctionRef], Callable]) -> Any:
+    """``value`` (an actor's attrs) with ``function(ref)`` in place of each FunctionRef,
+    also inside tuples, lists and dicts."""
+    if isinstance(value, FunctionRef):
+        return function(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_with_functions(item, function) for item in value)
+    if isinstance(value, dict):
+        return {k: _with_functions(item, function) for k, item in value.items()}
+    return value
 
 
 def _digest(payload: bytes) -> bytes:
@@ -167,9 +275,9 @@ def _decode(obj: dict) -> Any:
         dtype, shape, raw = obj["__array__"]
         return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     if "__function__" in obj:
-        return resolve(obj["__function__"])
+        return FunctionRef(path=obj["__function__"])
     if "__pickled_function__" in obj:
-        return pickle.loads(obj["__pickled_function__"])
+        return FunctionRef(pickled=obj["__pickled_function__"])
     return obj
 
 
@@ -248,7 +356,7 @@ _converter = cattrs.Converter()
 _converter.register_unstructure_hook(np.ndarray, lambda a: a)
 _converter.register_structure_hook(np.ndarray, _exactly(np.ndarray))
 _converter.register_unstructure_hook_func(lambda t: get_origin(t) is Callable, lambda fn: fn)
-_converter.register_structure_hook_func(lambda t: get_origin(t) is Callable, _exactly(Callable))
+_converter.register_structure_hook_func(lambda t: get_origin(t) is Callable, _exactly(FunctionRef))
 for _type, _accepted in ((int, (int,)), (float, (float, int)), (str, (str,)), (bool, (bool,))):
     _converter.register_structure_hook(_type, _exactly(*_accepted))
 _converter.register_structure_hook_factory(

@@ -50,13 +50,13 @@ def feeds(k: int = 0) -> dict:
 def test_round_trip_is_equal(plan):
     data = plan.to_bytes()
     assert isinstance(data, bytes)
-    back = af.Plan.from_bytes(data)
+    back = af.Plan.from_bytes(data, allow=["userfns"])
     assert back == plan
     assert back.to_bytes() == data
 
 
 def test_round_trip_keeps_parameters_collectives_and_functions(plan):
-    back = af.Plan.from_bytes(plan.to_bytes())
+    back = af.Plan.from_bytes(plan.to_bytes(), allow=["userfns"])
     assert [p.name for p in back.parameters] == ["w", "b"]
     for p, q in zip(plan.parameters, back.parameters):
         np.testing.assert_array_equal(p.value, q.value)
@@ -76,7 +76,7 @@ def test_round_trip_keeps_parameters_collectives_and_functions(plan):
 
 
 def test_round_tripped_plan_gives_the_same_outputs(plan):
-    back = af.Plan.from_bytes(plan.to_bytes())
+    back = af.Plan.from_bytes(plan.to_bytes(), allow=["userfns"])
     batch = [feeds(k) for k in range(3)]
     want = af.run(plan, batch)
     got = af.run(back, batch)
@@ -104,7 +104,7 @@ def test_round_trip_of_a_plan_without_parameters_or_collectives():
 def test_a_lambda_travels_by_value_and_runs_the_same():
     factor = np.float32(3)
     plan = af.compile(build_graph(fn=lambda a: a * factor))
-    back = af.Plan.from_bytes(plan.to_bytes())
+    back = af.Plan.from_bytes(plan.to_bytes(), trusted=True)
     np.testing.assert_array_equal(af.run(back, feeds())["y"], af.run(plan, feeds())["y"])
 
 
@@ -113,7 +113,7 @@ def test_a_local_function_travels_by_value_and_runs_the_same():
         return a * 3
 
     plan = af.compile(build_graph(fn=local_triple), fuse_kernels=False)
-    back = af.Plan.from_bytes(plan.to_bytes())
+    back = af.Plan.from_bytes(plan.to_bytes(), trusted=True)
     (user,) = [a for a in back.actors if a.name == "user"]
     assert user.attrs["fn"] is not local_triple
     np.testing.assert_array_equal(af.run(back, feeds())["y"], af.run(plan, feeds())["y"])
@@ -133,7 +133,7 @@ def test_a_kernel_of_a_script_loads_in_another_program(tmp_path):
         "open(sys.argv[1], 'wb').write(af.compile(g).to_bytes())\n"
     )
     subprocess.run([sys.executable, str(script), str(tmp_path / "plan.bin")], check=True, timeout=60)
-    plan = af.Plan.from_bytes((tmp_path / "plan.bin").read_bytes())
+    plan = af.Plan.from_bytes((tmp_path / "plan.bin").read_bytes(), trusted=True)
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(af.run(plan, {"x": x})["y"], x / 2)
 
@@ -181,14 +181,14 @@ def test_unserializable_plan_still_runs():
 )
 def test_garbage_is_a_plan_serialization_error(data):
     with pytest.raises(af.PlanSerializationError):
-        af.Plan.from_bytes(data)
+        af.Plan.from_bytes(data, allow=["userfns"])
 
 
 def test_truncated_plan_is_a_plan_serialization_error(plan):
     data = plan.to_bytes()
     for cut in (1, len(data) // 2, len(data) - 1):
         with pytest.raises(af.PlanSerializationError):
-            af.Plan.from_bytes(data[:cut])
+            af.Plan.from_bytes(data[:cut], allow=["userfns"])
 
 
 def resealed(payload: bytes) -> bytes:
@@ -206,7 +206,7 @@ def edited(plan: af.Plan, edit) -> bytes:
 
 def load_error(data: bytes) -> af.PlanSerializationError:
     with pytest.raises(af.PlanSerializationError) as info:
-        af.Plan.from_bytes(data)
+        af.Plan.from_bytes(data, allow=["userfns"])
     return info.value
 
 
@@ -371,7 +371,7 @@ def test_a_collective_order_that_can_deadlock_is_refused_naming_the_cycle(plan):
 
 def test_a_plan_over_ranks_round_trips_and_its_sends_are_checked(plan):
     over_ranks = af.compile(build_graph(), ranks=2)
-    assert af.Plan.from_bytes(over_ranks.to_bytes()) == over_ranks
+    assert af.Plan.from_bytes(over_ranks.to_bytes(), allow=["userfns"]) == over_ranks
     sends = [a.name for a in over_ranks.actors if a.kind == "send"]
     assert sends
 
