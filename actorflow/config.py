@@ -33,6 +33,7 @@ from cattrs.gen import make_dict_structure_fn
 from .devices import parse_device
 from .errors import ConfigError
 from .plan import DEFAULT_RESOURCES
+from .runtime.transport import LOST_AFTER
 from .text import count
 
 Device = NewType("Device", str)
@@ -139,8 +140,9 @@ class RuntimeConfig:
     the device resource model: max_streams, max_ops_per_stream, max_labels, and
     max_memory in bytes per device, None for what the machine has available;
     comm_reuse: communication subgraph reuse, -1 or a positive limit for on, None for
-    off, where ACTORFLOW_COMM_REUSE, when set, wins); and ``order``, the Runtime's
-    (replay each stream's simulated order, or decide every act as the run goes)."""
+    off, where ACTORFLOW_COMM_REUSE, when set, wins); and ``order`` and ``lost_after``,
+    the Runtime's (replay each stream's simulated order, or decide every act as the run
+    goes; over ranks, the seconds of silence after which a rank counts as lost)."""
 
     quota: int = 2
     priority: bool = True
@@ -154,6 +156,7 @@ class RuntimeConfig:
     max_memory: int | None = None
     comm_reuse: int | None = None
     order: Literal["replay", "dynamic"] = "replay"
+    lost_after: float = LOST_AFTER
 
 
 @attrs.frozen(kw_only=True)
@@ -552,6 +555,7 @@ def _check_values(config: Config) -> None:
     if runtime.link_bandwidth is not None:
         _above("runtime.link_bandwidth", runtime.link_bandwidth, 0)
     _at_least("runtime.link_latency", runtime.link_latency, 0)
+    _above("runtime.lost_after", runtime.lost_after, 0)
     for name in ("max_streams", "max_ops_per_stream", "max_labels"):
         _at_least(f"runtime.{name}", getattr(runtime, name), 1)
     if runtime.max_memory is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -134,6 +135,7 @@ def launch(
             start_new_session=True,
         )
         forward.attach(proc)
+        ends = _Ends(proc.pid, n)
         width, texts = len(str(n - 1)), (_HydraText(), _HydraText())
         pumps = [
             threading.Thread(target=_pump, args=(pipe, sink.buffer, width, text), daemon=True)
@@ -142,6 +144,7 @@ def launch(
         for pump in pumps:
             pump.start()
         returncode = _wait(proc, forward, grace)
+        ends.stop()
         for pump in pumps:
             pump.join(timeout=grace)
     finally:
@@ -150,7 +153,7 @@ def launch(
     statuses = [status for _, codes in hosts for status in codes]
     if not statuses:  # mpiexec failed itself, or was killed before it could report
         statuses = [-returncode if returncode < 0 else returncode << 8]
-    if failed := _failures(hosts, forward.first):
+    if failed := _failures(hosts, forward.first, ends.first()):
         print(f"actorflow launch: {failed}", file=sys.stderr)
     return exit_status(statuses, forward.first)
 
@@ -185,11 +188,14 @@ def _killed_by(status: int, signals: Iterable[int]) -> bool:
     return os.WIFSIGNALED(status) and os.WTERMSIG(status) in signals
 
 
-def _failures(hosts: list[tuple[str, list[int]]], interrupted: int | None) -> str:
+def _failures(hosts: list[tuple[str, list[int]]], interrupted: int | None, first: int | None = None) -> str:
     """The ranks that failed, but not those a teardown after a signal stopped.
 
     With one host hydra lists the ranks in order; across hosts it deals them out by slots,
-    so only the host is named."""
+    so only the host is named. ``first``: the rank whose process ended before the others
+    (see ``_Ends``); when a signal killed it, it is named as the one that died and the
+    others as stopped after it (hydra kills the survivors of a killed rank, so their
+    statuses alone can't tell who died)."""
     parts = []
     for host, statuses in hosts:
         for rank, status in enumerate(statuses):
@@ -200,11 +206,20 @@ def _failures(hosts: list[tuple[str, list[int]]], interrupted: int | None) -> st
             ):
                 continue  # a rank that ended as the signal asked
             who = f"rank {rank}" if len(hosts) == 1 else f"a rank on {host}"
-            if os.WIFSIGNALED(status):
-                parts.append(f"{who} was killed by {_signal_name(os.WTERMSIG(status))}")
-            else:
-                parts.append(f"{who} exited with status {os.WEXITSTATUS(status)}")
-    return "; ".join(parts)
+            parts.append((rank, f"{who} {_status_text(status)}"))
+    statuses = hosts[0][1] if len(hosts) == 1 else []
+    if first is not None and first < len(statuses) and os.WIFSIGNALED(statuses[first]) and len(parts) > 1:
+        others = [
+            f"rank {rank} ({_status_text(statuses[rank], was='')})" for rank, _ in parts if rank != first
+        ]
+        return f"rank {first} {_status_text(statuses[first])} first; the others stopped after it: {', '.join(others)}"
+    return "; ".join(text for _, text in parts)
+
+
+def _status_text(status: int, was: str = "was ") -> str:
+    if os.WIFSIGNALED(status):
+        return f"{was}killed by {_signal_name(os.WTERMSIG(status))}"
+    return f"exited with status {os.WEXITSTATUS(status)}"
 
 
 def _signal_name(sig: int) -> str:
@@ -246,6 +261,82 @@ class _Forward:
     def restore(self, old: dict[int, _Handler]) -> None:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+class _Ends:
+    """Which rank's process ended first, watched from here: hydra starts the ranks (so
+    their exit statuses come from its report), and when one is killed its proxy kills the
+    rest within milliseconds, all by SIGKILL. A thread finds the ranks among mpiexec's
+    descendants (the topmost process with a ``PMI_RANK`` in its environment) and waits on
+    a pidfd of each (readable once the process ended, without polling), noting the order
+    they end in. Where that can't be done (no /proc, no pidfd) it names no one."""
+
+    def __init__(self, root: int, n: int) -> None:
+        self._root, self._n = root, n
+        self._ended: list[list[int]] = []  # the ranks that ended, as each wake-up saw them
+        self._wake_read, self._wake_write = os.pipe()
+        self._thread = threading.Thread(target=self._watch, name="actorflow-launch-ends", daemon=True)
+        self._thread.start()
+
+    def first(self) -> int | None:
+        """The rank that ended alone before any other, or None."""
+        return self._ended[0][0] if self._ended and len(self._ended[0]) == 1 else None
+
+    def stop(self) -> None:
+        os.write(self._wake_write, b"x")
+        self._thread.join()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _watch(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_read, select.POLLIN)
+        ranks: dict[int, int] = {}  # pidfd -> rank
+        found: set[int] = set()
+        try:
+            while len(found) < self._n or ranks:
+                for pid, rank in self._find(found).items() if len(found) < self._n else ():
+                    found.add(rank)
+                    try:
+                        fd = os.pidfd_open(pid)
+                    except ProcessLookupError:
+                        self._ended.append([rank])
+                        continue
+                    ranks[fd] = rank
+                    poller.register(fd, select.POLLIN)
+                ready = [fd for fd, _ in poller.poll(50 if len(found) < self._n else None)]
+                if self._wake_read in ready:
+                    return
+                if ready:
+                    self._ended.append(sorted(ranks[fd] for fd in ready))
+                for fd in ready:
+                    poller.unregister(fd)
+                    del ranks[fd]
+                    os.close(fd)
+        except (OSError, AttributeError):  # no pidfd_open here: name no one
+            self._ended = []
+        finally:
+            for fd in ranks:
+                os.close(fd)
+
+    def _find(self, found: set[int]) -> dict[int, int]:
+        """pid -> rank of the ranks not ``found`` yet that have started."""
+        parents = _parents()
+        below = {self._root}
+        for _ in range(8):  # mpiexec -> hydra_pmi_proxy -> rank: a few levels at most
+            below |= {pid for pid, ppid in parents.items() if ppid in below}
+        ranks: dict[int, int] = {}
+        for pid in below - {self._root}:
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    environ = dict(e.partition(b"=")[::2] for e in f.read().split(b"\0"))
+            except OSError:
+                continue
+            rank = environ.get(b"PMI_RANK", b"")
+            if rank.isdigit() and int(rank) not in found:
+                ranks[pid] = int(rank)
+        # a rank's command may start processes of its own: the topmost one is the rank
+        return {pid: rank for pid, rank in ranks.items() if ranks.get(parents.get(pid, 0)) != rank}
 
 
 def _wait(proc: subprocess.Popen, forward: _Forward, grace: float) -> int:

@@ -4,8 +4,9 @@ sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midwa
 ``kernel-collective``, ``steady-collective``: the same, then an all_reduce over the two
 ranks, which rank 0, with nothing else to run, waits for inside MPI;
 ``stall``: rank 1's kernel blocks until someone writes to the named pipe given after the
-mode, and sends its result back to rank 0, which gives up after 1 s. Each rank prints its
-pid first."""
+mode, and sends its result back to rank 0, which gives up after 1 s; ``pause``: as
+``steady`` for 150 steps, with the ``lost_after`` given after the mode (seconds), so a test
+can pause a rank. Each rank prints its pid first."""
 
 import os
 import sys
@@ -17,7 +18,12 @@ import actorflow as af
 import userfns
 from actorflow.world import this_rank
 
-KERNELS = {"kernel": userfns.fail_on_five, "steady": userfns.sleep_20ms, "stall": userfns.blocked}
+KERNELS = {
+    "kernel": userfns.fail_on_five,
+    "steady": userfns.sleep_20ms,
+    "pause": userfns.sleep_20ms,
+    "stall": userfns.blocked,
+}
 
 
 def release_on_write(fifo: str) -> None:
@@ -40,8 +46,9 @@ def main(mode: str, *args: str) -> None:
         threading.Thread(target=release_on_write, args=args, daemon=True).start()
     print("pid", os.getpid(), flush=True)
     patience = 1.0 if mode == "stall" and this_rank() == 0 else 60.0
-    with af.Session(plan, stall_timeout=patience) as session:
-        for step in range(2000):
+    lost_after = float(args[0]) if mode == "pause" else 6.0
+    with af.Session(plan, stall_timeout=patience, lost_after=lost_after) as session:
+        for step in range(150 if mode == "pause" else 2000):
             session.run({"x": np.full((4, 4), float(step))})
             if step == 2:
                 print("running", flush=True)

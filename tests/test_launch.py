@@ -178,6 +178,20 @@ def test_hydras_exit_codes_are_read_and_its_banner_and_ctrl_c_notes_dropped():
     )
 
 
+def test_the_rank_that_ended_first_by_a_signal_is_named_and_the_others_stopped_after_it():
+    hosts = [("localhost", [9, 9, 1 << 8])]
+    assert launch_module._failures(hosts, None, first=1) == (
+        "rank 1 was killed by SIGKILL (signal 9) first; the others stopped after it: "
+        "rank 0 (killed by SIGKILL (signal 9)), rank 2 (exited with status 1)"
+    )
+    assert launch_module._failures(hosts, None, first=None) == (
+        "rank 0 was killed by SIGKILL (signal 9); rank 1 was killed by SIGKILL (signal 9); rank 2 exited with status 1"
+    )
+    assert launch_module._failures([("localhost", [1 << 8, 9])], None, first=0) == (
+        "rank 0 exited with status 1; rank 1 was killed by SIGKILL (signal 9)"
+    )
+
+
 @needs_mpiexec
 @pytest.mark.timeout(20)
 def test_each_ranks_lines_come_back_prefixed_by_its_rank(rank_script):

@@ -108,8 +108,39 @@ def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it(mode)
     # many runs, before its SIGUSR1, despite -disable-auto-cleanup); then the launcher
     # names the lost rank
     said = "[0] actorflow: rank 0 stops: rank 1 was lost" in run.output
-    assert said or "rank 0 was killed by SIGKILL" in run.output, run.output
-    assert "rank 1 was killed by SIGKILL" in run.output
+    last = run.output.strip().splitlines()[-1]
+    first = "actorflow launch: rank 1 was killed by SIGKILL (signal 9) first; the others stopped after it: "
+    assert last.startswith(first), run.output
+    assert said or last.endswith("rank 0 (killed by SIGKILL (signal 9))"), run.output
+    assert_nothing_left(run)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_paused_for_less_than_lost_after_does_not_end_the_run():
+    run = Run("pause", "6")
+    run.wait_for("running", count=2)
+    victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
+    os.kill(victim, signal.SIGSTOP)
+    time.sleep(2.5)
+    os.kill(victim, signal.SIGCONT)
+    status, _ = run.end()
+    assert status == 0, run.output
+    assert run.output.count("finished") == 2, run.output
+    assert_nothing_left(run)
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_paused_past_lost_after_is_named_as_the_lost_one_on_every_rank():
+    run = Run("pause", "1")
+    run.wait_for("running", count=2)
+    victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
+    os.kill(victim, signal.SIGSTOP)
+    run.wait_for("[0] actorflow: rank 0 stops: rank 1 was lost: rank 0 had no word from it")
+    os.kill(victim, signal.SIGCONT)
+    run.wait_for("[1] actorflow: rank 1 stops: rank 1 was lost: rank 0 had no word from it")
+    status, _ = run.end()
+    assert status != 0
+    assert "rank 0 was lost" not in run.output, run.output
     assert_nothing_left(run)
 
 

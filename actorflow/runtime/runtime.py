@@ -47,7 +47,7 @@ from .protocol import Act, act_text, last_micro_batch
 from .replay import Program, Replay, schedule
 from .spans import SpanMaker
 from .stall import Watchdog
-from .transport import Transport
+from .transport import LOST_AFTER, Transport
 from .wiring import Member, Unit, Wiring, wire
 
 Order = Literal["replay", "dynamic"]
@@ -60,6 +60,9 @@ class Runtime:
     iterations (steps), to keep long runs' traces small; trace_limit: the most spans held
     (the latest whole iterations; None: no bound); stall_timeout: seconds without
     any actor acting before the run fails with a StallError that says who waits on what;
+    lost_after: over ranks, seconds without word from another rank before it counts as
+    lost (long enough for a paused process, a GC or a swap, to come back; short enough to
+    stop a dead job soon);
     order: "replay" (the default) runs each stream in the order a simulated run decided
     once (``replay``), where the plan allows it; "dynamic" decides every act as the run
     goes (``driver``), which adapts to kernels whose times vary, at a higher host cost.
@@ -74,10 +77,12 @@ class Runtime:
         trace_iterations: Collection[int] | None = None,
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
+        lost_after: float = LOST_AFTER,
         order: Order = "replay",
     ) -> None:
-        if not isinstance(stall_timeout, (int, float)) or not stall_timeout > 0:
-            raise ValueError(f"stall_timeout is a number of seconds > 0, not {stall_timeout!r}")
+        for name, seconds in (("stall_timeout", stall_timeout), ("lost_after", lost_after)):
+            if not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise ValueError(f"{name} is a number of seconds > 0, not {seconds!r}")
         if order not in ("replay", "dynamic"):
             raise ValueError(f"order is 'replay' or 'dynamic', not {order!r}")
         self.order = order
@@ -86,7 +91,7 @@ class Runtime:
         self.plan = plan
         self.stall_timeout = stall_timeout
         self._state = "new"
-        self._transport = Transport(plan.world) if plan.world > 1 else None
+        self._transport = Transport(plan.world, lost_after) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None, trace_limit)
         self._feed_check = FeedCheck(plan, self.rank)

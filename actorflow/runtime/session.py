@@ -17,6 +17,7 @@ from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
 from .runtime import Feeds, Order, Runtime
+from .transport import LOST_AFTER
 
 
 def run(
@@ -27,6 +28,7 @@ def run(
     trace_iterations: Collection[int] | None = None,
     trace_limit: int | None = TRACE_LIMIT,
     stall_timeout: float = 60.0,
+    lost_after: float = LOST_AFTER,
     order: Order = "replay",
 ) -> Any:
     """Run ``plan`` once per feed dict (a list pipelines them); ``trace``: write a Chrome
@@ -38,6 +40,7 @@ def run(
         trace_iterations=trace_iterations,
         trace_limit=trace_limit,
         stall_timeout=stall_timeout,
+        lost_after=lost_after,
         order=order,
     )
     checked = rt.check(feeds)
@@ -67,6 +70,7 @@ class Session:
         trace_iterations: Collection[int] | None = None,
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
+        lost_after: float = LOST_AFTER,
         order: Order = "replay",
     ) -> None:
         self._runtime = Runtime(
@@ -75,6 +79,7 @@ class Session:
             trace_iterations=trace_iterations,
             trace_limit=trace_limit,
             stall_timeout=stall_timeout,
+            lost_after=lost_after,
             order=order,
         )
         self._blas = contextlib.ExitStack()

@@ -62,7 +62,11 @@ of CPU.
 Failures reach every rank. On a control communicator of their own, ranks tell each
 other when they fail (the error's text) and when they leave normally, and send a
 heartbeat every ``HEARTBEAT`` s; a rank that has not left and was not heard from for
-``LOST_AFTER`` s is lost. Either way ``on_failure`` gets a ``RankError``. A stalled rank
+``lost_after`` s is lost, and the rank that noticed tells every other, the lost one too,
+so that each names the rank that went silent first: a rank that was paused itself (its
+own loop stood still for half that time: SIGSTOP, a swap) heard nothing meanwhile and
+judges no one for it, but hears when the others judged it. Either way ``on_failure``
+gets a ``RankError``. A stalled rank
 asks another where its wait-for chain goes on there (``QUERY``, ``REPLY``: the runtime's
 ``on_query`` and ``on_reply`` get the bytes).
 
@@ -106,7 +110,9 @@ MOVING_BACKOFF = 100e-6
 WATCH_EVERY = 5e-3
 CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
-LOST_AFTER = 3.0
+LOST_AFTER = 6.0
+"""The default ``lost_after``: a paused process has seconds to come back, and a dead job
+still stops within 10 s."""
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
 PR_SET_TIMERSLACK = 29  # prctl(2)
@@ -147,8 +153,9 @@ class Transport:
     it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
     only where it has a core to spare."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, lost_after: float = LOST_AFTER) -> None:
         self.MPI = mpi()
+        self.lost_after = lost_after
         comm = self.MPI.COMM_WORLD
         self.rank, size = comm.Get_rank(), comm.Get_size()
         if size != world:
@@ -334,6 +341,7 @@ class Transport:
         heard = dict.fromkeys(self.peers, time.monotonic())
         left: set[int] = set()
         next_beat = next_control = 0.0
+        last_control = time.monotonic()
         backoff = MIN_BACKOFF
         carried: list = []
         try:
@@ -365,6 +373,9 @@ class Transport:
                 now = time.monotonic()
                 if now >= next_control:
                     next_control = now + CONTROL_EVERY
+                    if now - last_control > self.lost_after / 2:  # this rank was paused
+                        heard = dict.fromkeys(self.peers, now)
+                    last_control = now
                     listen = self._hear(listen, notice, status, heard, left, now)
                     if now >= next_beat:
                         beats = (
@@ -373,13 +384,18 @@ class Transport:
                         self._live.extend((beat, None, False) for beat in beats)
                         next_beat = now + HEARTBEAT
                     for peer in self.peers:
-                        if peer not in left and now - heard[peer] > LOST_AFTER:
-                            self._fail(
-                                RankError(
-                                    f"rank {peer} was lost: no word from it for {now - heard[peer]:.1f} s "
-                                    "(its process died or hangs, or its host is unreachable)"
-                                )
+                        if peer not in left and now - heard[peer] > self.lost_after:
+                            lost = (
+                                f"rank {peer} was lost: rank {self.rank} had no word from it for "
+                                f"{now - heard[peer]:.1f} s (its process died, hangs or was paused longer "
+                                "than lost_after, or its host is unreachable)"
                             )
+                            said = lost.encode()[:NOTICE_BYTES]
+                            self._live.extend(
+                                (self.control.Isend(said, dest=p, tag=FAILED), None, False)
+                                for p in self.peers
+                            )
+                            self._fail(RankError(lost))
                             left.add(peer)
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():

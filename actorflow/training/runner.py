@@ -122,6 +122,7 @@ def train(
         trace=True,
         trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT,
         order=config.runtime.order,
+        lost_after=config.runtime.lost_after,
     ) as session:
         rank = session.rank
         parts = local_feeds(plan, rank)
