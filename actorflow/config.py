@@ -68,7 +68,9 @@ class DataConfig:
     """synthetic_classification (for the mlp): samples from a random linear teacher;
     text (for the transformer): samples windows of model.seq_len + 1 characters of the
     UTF-8 file at ``path`` (default: the short text shipped with actorflow), each
-    character predicting the next."""
+    character predicting the next; ``path`` must be a regular file of at most 1 GiB
+    (``training.data.MAX_TEXT_BYTES``), read once into about twice its size (its bytes,
+    and an id a character in the smallest integer type the vocabulary fits)."""
 
     kind: Literal["synthetic_classification", "text"] = "synthetic_classification"
     samples: int

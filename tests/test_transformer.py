@@ -8,7 +8,7 @@ import pytest
 
 from actorflow.config import load_config, parse_config
 from actorflow.training import compile_config, train
-from actorflow.training.data import TEXT, characters, dataset
+from actorflow.training.data import TEXT, dataset, text_ids
 from actorflow.views import overview
 
 SMALL = {
@@ -33,7 +33,7 @@ def config(parallel=None, **model):
 
 def test_text_windows_predict_the_next_character():
     data = dataset(config())
-    text, vocab = TEXT.read_text(encoding="utf-8"), characters(TEXT.read_text(encoding="utf-8"))
+    text, vocab = TEXT.read_text(encoding="utf-8"), text_ids(TEXT)[1]
     assert data["x"].shape == data["labels"].shape == (64, 8)
     np.testing.assert_array_equal(data["x"][:, 1:], data["labels"][:, :-1])
     first = "".join(vocab[i] for i in [*data["x"][0], data["labels"][0, -1]])
