@@ -339,7 +339,12 @@ def _run(config, args) -> int:
     try:
         check_outputs(
             {f"--{name}" if flag else f"output.{name}": paths[name] for name, (flag, _) in outputs.items()},
-            {"config": args.config, "data": config.data.path},
+            {
+                "config": args.config,
+                "data": config.data.path,
+                "data.x": config.data.x,
+                "data.labels": config.data.labels,
+            },
         )
     except ConfigError as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)

@@ -70,12 +70,17 @@ class DataConfig:
     UTF-8 file at ``path`` (default: the short text shipped with actorflow), each
     character predicting the next; ``path`` must be a regular file of at most 1 GiB
     (``training.data.MAX_TEXT_BYTES``), read once into about twice its size (its bytes,
-    and an id a character in the smallest integer type the vocabulary fits)."""
+    and an id a character in the smallest integer type the vocabulary fits);
+    npy (for the mlp): the first ``samples`` rows of the .npy files at ``x`` (rows,
+    model.sizes[0]) of model.dtype and ``labels`` (rows,) of int64 classes below
+    model.sizes[-1], memory-mapped: each rank reads only the rows its devices are fed."""
 
-    kind: Literal["synthetic_classification", "text"] = "synthetic_classification"
+    kind: Literal["synthetic_classification", "text", "npy"] = "synthetic_classification"
     samples: int
     seed: int = 0
     path: str | None = None
+    x: str | None = None
+    labels: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -602,11 +607,19 @@ def _check_model(model: ModelConfig) -> None:
 
 
 def _check_data(config: Config) -> None:
-    wanted = "text" if config.model.kind == "transformer" else "synthetic_classification"
-    if config.data.kind != wanted:
-        raise _fail("data.kind", f"model.kind {config.model.kind} trains on {wanted}, got {config.data.kind}")
-    if config.data.path is not None and config.data.kind != "text":
-        raise _fail("data.path", "only text data reads a file")
+    data = config.data
+    wanted = ("text",) if config.model.kind == "transformer" else ("synthetic_classification", "npy")
+    if data.kind not in wanted:
+        raise _fail(
+            "data.kind", f"model.kind {config.model.kind} trains on {' or '.join(wanted)}, got {data.kind}"
+        )
+    if data.path is not None and data.kind != "text":
+        raise _fail("data.path", "only text data reads data.path")
+    for key in ("x", "labels"):
+        if (getattr(data, key) is None) == (data.kind == "npy"):
+            raise _fail(
+                f"data.{key}", "required for npy data" if data.kind == "npy" else "only npy data reads it"
+            )
 
 
 def _check_optimizer(optimizer: OptimizerConfig) -> None:

@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from soak import rss_mb  # benchmarks/ is on sys.path when this script runs
-
 from actorflow.config import parse_config
 from actorflow.training.data import TEXT, dataset
+from soak import rss_mb  # benchmarks/ is on sys.path when this script runs
 
 EXTRA = "Élan, naïveté, 東京.\n"
 
@@ -31,7 +30,14 @@ def child(path: str) -> None:
     """Read ``path`` as a transformer config does and print: peak MiB before, after, seconds."""
     config = parse_config(
         {
-            "model": {"kind": "transformer", "vocab": 128, "d_model": 16, "heads": 2, "layers": 1, "seq_len": 32},
+            "model": {
+                "kind": "transformer",
+                "vocab": 128,
+                "d_model": 16,
+                "heads": 2,
+                "layers": 1,
+                "seq_len": 32,
+            },
             "data": {"kind": "text", "samples": 8192, "path": path},
             "train": {"steps": 1, "batch_size": 8, "optimizer": {"lr": 0.01}},
             "parallel": {"stages": ["cpu:0"]},
@@ -68,7 +74,9 @@ def main() -> None:
     print(f"text: {size:.1f} MiB ({'ASCII' if args.ascii else 'UTF-8, some characters of 2 and 3 bytes'})")
     print(f"peak RSS before reading: {before:8.1f} MiB")
     print(f"peak RSS after reading:  {after:8.1f} MiB")
-    print(f"growth: {after - before:.1f} MiB = {(after - before) / size:.2f} x the file, read in {seconds:.2f} s")
+    print(
+        f"growth: {after - before:.1f} MiB = {(after - before) / size:.2f} x the file, read in {seconds:.2f} s"
+    )
 
 
 if __name__ == "__main__":

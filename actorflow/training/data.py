@@ -1,6 +1,7 @@
 """A config's data: a classification task a model can learn (labels from a random linear
-teacher plus noise) for the mlp, or windows of a text for the transformer (each
-character predicting the next); cut into each step's micro-batches."""
+teacher plus noise) or the rows of two memory-mapped .npy files for the mlp, or windows
+of a text for the transformer (each character predicting the next); cut into each
+step's micro-batches, of which each feed reads only its part."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import attrs
 import numpy as np
 
 from ..config import Config
@@ -24,9 +27,11 @@ Data = dict[str, np.ndarray]
 
 
 def dataset(config: Config) -> Data:
-    """data.samples samples, from data.seed."""
+    """data.samples samples, from data.seed or from files."""
     if config.data.kind == "text":
         return text_windows(config)
+    if config.data.kind == "npy":
+        return npy_arrays(config)
     return synthetic_classification(config)
 
 
@@ -37,6 +42,58 @@ def synthetic_classification(config: Config) -> Data:
     teacher = rng.standard_normal((config.features, config.classes))
     labels = np.argmax(x @ teacher + 0.5 * rng.standard_normal((config.data.samples, config.classes)), axis=1)
     return {"x": x.astype(config.model.dtype), "labels": labels.astype(np.int64)}
+
+
+def npy_arrays(config: Config) -> Data:
+    """The first data.samples rows of the .npy files data.x and data.labels, checked
+    against the model, memory-mapped: the feeds read only the rows they take (see
+    ``Part``), so a rank's memory grows with the rows its devices are fed. The labels are
+    read whole once, to check their range (8 bytes a sample)."""
+    data, rows = config.data, config.data.samples
+    assert data.x is not None and data.labels is not None, "parse_config requires both for npy"
+    x, labels = _memmap("data.x", data.x), _memmap("data.labels", data.labels)
+    if x.shape[1:] != (config.features,) or x.dtype != config.model.dtype:
+        raise ConfigError(
+            f"data.x: {data.x} holds {x.dtype}{list(x.shape)}, the model takes "
+            f"{config.model.dtype}[rows, {config.features}] (model.dtype, model.sizes[0])"
+        )
+    if labels.ndim != 1 or labels.dtype != np.int64:
+        raise ConfigError(
+            f"data.labels: {data.labels} holds {labels.dtype}{list(labels.shape)}, expected int64[rows]"
+        )
+    if len(labels) != len(x):
+        raise ConfigError(f"data.labels: {data.labels} has {len(labels)} rows, data.x {len(x)}")
+    if len(x) < rows:
+        raise ConfigError(f"data.samples: {rows} is more than the {len(x)} rows of data.x")
+    outside = np.flatnonzero((labels[:rows] < 0) | (labels[:rows] >= config.classes))
+    if len(outside):
+        raise ConfigError(
+            f"data.labels: row {outside[0]} is class {labels[outside[0]]}, "
+            f"not in 0..{config.classes - 1} (model.sizes[-1] classes)"
+        )
+    return {"x": x[:rows], "labels": labels[:rows]}
+
+
+def _memmap(key: str, path: str) -> np.ndarray:
+    """The array in the .npy file at ``path``, memory-mapped read-only."""
+    _regular(key, path)
+    try:
+        return np.lib.format.open_memmap(path, mode="r")
+    except (OSError, ValueError) as err:
+        problem = getattr(err, "strerror", None) or str(err).partition("\n")[0]
+        raise ConfigError(f"{key}: cannot read {path!r} as a .npy array: {problem}") from None
+
+
+def _regular(key: str, path: str | Path) -> os.stat_result:
+    """The file system's word on ``path``, refused unless a regular file: a device or a
+    fifo is never opened (reading /dev/zero would not end, opening a fifo waits)."""
+    try:
+        found = os.stat(path)
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot read {str(path)!r}: {err.strerror}") from None
+    if not stat.S_ISREG(found.st_mode):
+        raise ConfigError(f"{key}: {str(path)!r} is not a regular file")
+    return found
 
 
 MAX_TEXT_BYTES = 1 << 30
@@ -73,8 +130,12 @@ def text_ids(path: Path) -> tuple[np.ndarray, str]:
     decoded twice a chunk at a time (the vocabulary, then the ids), so memory is its
     bytes, its ids and a chunk's worth. Not a regular file, or one of more than
     ``MAX_TEXT_BYTES``: a ConfigError."""
+    size = _regular("data.path", path).st_size
+    if size > MAX_TEXT_BYTES:
+        raise ConfigError(
+            f"data.path: {str(path)!r} has {size} bytes, more than the {MAX_TEXT_BYTES} a text may have"
+        )
     try:
-        size = _regular_size(path)
         with open(path, "rb") as file:
             raw = file.read(size)
         present = np.zeros(_CODE_POINTS, bool)
@@ -97,19 +158,6 @@ def text_ids(path: Path) -> tuple[np.ndarray, str]:
     return ids, "".join(map(chr, vocab))
 
 
-def _regular_size(path: Path) -> int:
-    """The size of the regular file at ``path``, if at most ``MAX_TEXT_BYTES``; asked of
-    the file system, so a device or a fifo is refused without being opened."""
-    mode = os.stat(path)
-    if not stat.S_ISREG(mode.st_mode):
-        raise ConfigError(f"data.path: {str(path)!r} is not a regular file")
-    if mode.st_size > MAX_TEXT_BYTES:
-        raise ConfigError(
-            f"data.path: {str(path)!r} has {mode.st_size} bytes, more than the {MAX_TEXT_BYTES} a text may have"
-        )
-    return mode.st_size
-
-
 def _code_points(raw: bytes) -> Iterator[np.ndarray]:
     """The code points of UTF-8 ``raw``, a chunk at a time, "\r\n" and "\r" read as "\n"."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(), translate=True)
@@ -119,25 +167,43 @@ def _code_points(raw: bytes) -> Iterator[np.ndarray]:
         yield np.frombuffer(text.encode("utf-32-le"), np.uint32)
 
 
-Part = tuple[str, int, int]
+@attrs.frozen
+class Part:
+    """What one feed takes of each micro-batch of the data's ``source`` array (``x`` or
+    ``labels``): the ``k``-th of ``n`` equal slices along ``axis``, the part a
+    placeholder split S(axis) over n devices gives its k-th device (0: rows, 1 and 2: an
+    image's height and width); by default the whole."""
+
+    source: str
+    k: int = 0
+    n: int = 1
+    axis: int = 0
+
+    def read(self, array: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """This part of ``array``'s ``rows`` (a micro-batch), with one indexing of
+        ``array``, which touches nothing else of it: of a memory-mapped array, only this
+        part's pages are read."""
+        size = len(rows) if self.axis == 0 else array.shape[self.axis]
+        cut = slice(self.k * size // self.n, (self.k + 1) * size // self.n)
+        index: list[Any] = [rows, *[slice(None)] * (array.ndim - 1)]
+        index[self.axis] = rows[cut] if self.axis == 0 else cut
+        return array[tuple(index)]
+
+
+WHOLE = {"x": Part("x"), "labels": Part("labels")}
+"""The feeds of a run whose rank holds every device: each array whole."""
 
 
 def step_feeds(config: Config, data: Data, step: int, parts: dict[str, Part] | None = None) -> list[Data]:
     """Step ``step``'s global batch (the next batch_size samples, wrapping around), as one
     feed dict per micro-batch. ``parts``: only these feeds, each named by its placeholder
-    (``x[cpu:2]``) and given as (source, k, n): the k-th of n slices of the micro-batch's
-    ``x`` or ``labels`` (a rank reads only what its devices are fed)."""
+    (``x[cpu:2]``) and read as its ``Part`` says (a rank reads only what its devices are
+    fed; see ``runner.local_feeds``)."""
     batch, rows = config.train.batch_size, config.micro_batch_size
     index = (step * batch + np.arange(batch)) % len(data["x"])
-    if parts is None:
-        parts = {"x": ("x", 0, 1), "labels": ("labels", 0, 1)}
-    feeds = []
-    for k in range(0, batch, rows):
-        micro = index[k : k + rows]
-        feeds.append(
-            {
-                name: data[what][micro[j * rows // n : (j + 1) * rows // n]]
-                for name, (what, j, n) in parts.items()
-            }
-        )
-    return feeds
+    return [read_parts(data, index[k : k + rows], parts or WHOLE) for k in range(0, batch, rows)]
+
+
+def read_parts(data: Data, rows: np.ndarray, parts: dict[str, Part]) -> Data:
+    """The feeds ``parts`` of one micro-batch, the samples ``rows`` of ``data``."""
+    return {name: part.read(data[part.source], rows) for name, part in parts.items()}

@@ -250,16 +250,15 @@ def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:
         if lt.kind != "feed":
             continue
         if set(lt.parts) <= mine:
-            parts[lt.name] = (lt.name, 0, 1)
-        else:  # the rows of a batch split S(0), or the whole of a broadcast one
-            split = lt.sbp == "S"
+            parts[lt.name] = Part(lt.name)
+        else:  # a slice of one split S(axis), or the whole of a broadcast one
             parts.update(
-                (part, (lt.name, k if split else 0, len(lt.parts) if split else 1))
+                (part, Part(lt.name, k, len(lt.parts), lt.axis) if lt.sbp == "S" else Part(lt.name))
                 for k, part in enumerate(lt.parts)
                 if part in mine
             )
         mine -= set(lt.parts)
-    parts.update((name, (name, 0, 1)) for name in mine)
+    parts.update((name, Part(name)) for name in mine)
     return parts
 
 
