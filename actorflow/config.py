@@ -73,7 +73,8 @@ class DataConfig:
     and an id a character in the smallest integer type the vocabulary fits);
     npy (for the mlp): the first ``samples`` rows of the .npy files at ``x`` (rows,
     model.sizes[0]) of model.dtype and ``labels`` (rows,) of int64 classes below
-    model.sizes[-1], memory-mapped: each rank reads only the rows its devices are fed."""
+    model.sizes[-1], memory-mapped: each rank reads only the rows its devices are fed,
+    and lets go of them once fed."""
 
     kind: Literal["synthetic_classification", "text", "npy"] = "synthetic_classification"
     samples: int

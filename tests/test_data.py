@@ -6,6 +6,7 @@ devices are fed (rows, or an image's height or width), equal to the whole-array 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -329,3 +330,20 @@ def test_the_cli_refuses_a_missing_npy_file_with_exit_2(capsys, tmp_path):
     assert err == (
         f"actorflow run: error: data.x: cannot read {str(tmp_path / 'none.npy')!r}: No such file or directory\n"
     )
+
+
+def resident_kib(path) -> int:
+    """KiB of this process's mappings of ``path`` in memory (their Rss in /proc/self/smaps)."""
+    smaps = open("/proc/self/smaps").read()
+    return sum(map(int, re.findall(rf"{re.escape(str(path))}\n(?:\w+:.*\n)*?Rss:\s+(\d+)", smaps)))
+
+
+def test_a_step_lets_go_of_the_pages_it_read(tmp_path):
+    """The feeds are copies; the file's pages leave the process once they are made."""
+    config = npy_config(tmp_path)
+    data = npy_arrays(config)
+    whole = np.array(data["x"])  # maps every page of x.npy
+    assert resident_kib(tmp_path / "x.npy") > 0
+    feeds = step_feeds(config, data, 0)
+    assert resident_kib(tmp_path / "x.npy") == 0
+    np.testing.assert_array_equal(feeds[0]["x"], whole[:4])
