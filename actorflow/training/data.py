@@ -160,7 +160,7 @@ def text_ids(path: Path) -> tuple[np.ndarray, str]:
 
 
 def _code_points(raw: bytes) -> Iterator[np.ndarray]:
-    """The code points of UTF-8 ``raw``, a chunk at a time, "\r\n" and "\r" read as "\n"."""
+    r"""The code points of UTF-8 ``raw``, a chunk at a time, "\r\n" and "\r" read as "\n"."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(), translate=True)
     view = memoryview(raw)
     for start in range(0, len(raw), _CHUNK):
