@@ -48,7 +48,9 @@ HOST_THREADS = {"MainThread", "actorflow-session"}
 
 def compile_random(data, recipe: gs.Recipe):
     """Compile with a random default quota and random per-tensor overrides (by name or
-    tensor), maybe through a serialization round trip; check the quotas landed."""
+    tensor, where a graph tensor has the register's name: the compiler's own registers,
+    such as a fused collective's, have none), maybe through a serialization round trip;
+    check the quotas landed."""
     graph, tensors = gs.build(recipe)
     quota = data.draw(st.sampled_from([1, 2, 3]), label="quota")
     fuse = data.draw(st.booleans(), label="fuse_kernels")
@@ -60,7 +62,7 @@ def compile_random(data, recipe: gs.Recipe):
     )
     by_name = {t.name: t for t in tensors}
     keys = {
-        (by_name[k] if data.draw(st.booleans(), label="key by tensor") else k): q
+        (by_name[k] if k in by_name and data.draw(st.booleans(), label="key by tensor") else k): q
         for k, q in overrides.items()
     }
     priority = data.draw(st.booleans(), label="priority")
