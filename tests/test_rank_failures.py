@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -115,14 +116,20 @@ def test_a_rank_killed_with_sigkill_stops_the_others_within_10_s_naming_it(mode)
     assert_nothing_left(run)
 
 
-@pytest.mark.timeout(60)
-def test_a_rank_paused_for_less_than_lost_after_does_not_end_the_run():
-    run = Run("pause", "6")
+def pause_rank_1(lost_after: str, until: Callable[[Run], object]) -> Run:
+    """A ``pause`` run whose rank 1 is stopped (SIGSTOP) from its third step ``until`` returns."""
+    run = Run("pause", lost_after)
     run.wait_for("running", count=2)
     victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
     os.kill(victim, signal.SIGSTOP)
-    time.sleep(2.5)
+    until(run)
     os.kill(victim, signal.SIGCONT)
+    return run
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_paused_for_less_than_lost_after_does_not_end_the_run():
+    run = pause_rank_1("6", lambda run: time.sleep(2.5))
     status, _ = run.end()
     assert status == 0, run.output
     assert run.output.count("finished") == 2, run.output
@@ -131,12 +138,9 @@ def test_a_rank_paused_for_less_than_lost_after_does_not_end_the_run():
 
 @pytest.mark.timeout(60)
 def test_a_rank_paused_past_lost_after_is_named_as_the_lost_one_on_every_rank():
-    run = Run("pause", "1")
-    run.wait_for("running", count=2)
-    victim = next(int(line.split()[-1]) for _, line in run.lines if line.startswith("[1] pid"))
-    os.kill(victim, signal.SIGSTOP)
-    run.wait_for("[0] actorflow: rank 0 stops: rank 1 was lost: rank 0 had no word from it")
-    os.kill(victim, signal.SIGCONT)
+    run = pause_rank_1(
+        "1", lambda run: run.wait_for("[0] actorflow: rank 0 stops: rank 1 was lost: rank 0 had")
+    )
     run.wait_for("[1] actorflow: rank 1 stops: rank 1 was lost: rank 0 had no word from it")
     status, _ = run.end()
     assert status != 0

@@ -178,10 +178,8 @@ def _interrupt(argv: list[str], after: str, timeout: float = 90, env: dict | Non
     return proc.returncode, "".join(seen)
 
 
-@pytest.mark.timeout(120)
-def test_ctrl_c_ends_a_run_after_the_step_in_flight_with_its_metrics(tmp_path, tiny):
-    metrics = tmp_path / "m.json"
-    run = [
+def _endless_run(tiny, metrics) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "actorflow.cli",
@@ -192,7 +190,12 @@ def test_ctrl_c_ends_a_run_after_the_step_in_flight_with_its_metrics(tmp_path, t
         "--metrics",
         str(metrics),
     ]
-    code, out = _interrupt(run, "step 3/")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_ends_a_run_after_the_step_in_flight_with_its_metrics(tmp_path, tiny):
+    metrics = tmp_path / "m.json"
+    code, out = _interrupt(_endless_run(tiny, metrics), "step 3/")
     assert code == 130, out
     (line,) = [x for x in out.splitlines() if x.startswith("actorflow run: interrupted")]
     ran = _strict(metrics)["steps_run"]
@@ -205,18 +208,9 @@ def test_ctrl_c_under_launch_stops_every_rank_after_one_step_and_says_so_once(tm
     from ranks import environment, launcher
 
     metrics = tmp_path / "m.json"
-    run = [
-        sys.executable,
-        "-m",
-        "actorflow.cli",
-        "run",
-        str(tiny),
-        "--steps",
-        "1000000",
-        "--metrics",
-        str(metrics),
-    ]
-    code, out = _interrupt(launcher(2, *run), "step 3/", timeout=120, env=environment())
+    code, out = _interrupt(
+        launcher(2, *_endless_run(tiny, metrics)), "step 3/", timeout=120, env=environment()
+    )
     assert code == 130, out
     lines = [x for x in out.splitlines() if "interrupted at step" in x]
     ran = _strict(metrics)["steps_run"]
