@@ -117,6 +117,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
                 "bubble": result.bubbles[s],
                 "bubble_theory": result.theory,
                 "bubble_at_stage_times": result.balanced[s] if result.balanced else None,
+                "kernel_seconds_per_step": result.kernel_seconds[s] if result.balanced else None,
                 "peak_activations": result.peak_activations[s],
             }
             for s, devices in enumerate(config.parallel.stages)

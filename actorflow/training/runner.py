@@ -72,6 +72,8 @@ class RunResult:
     communication_share: float = 0.0
     trace_note: str = ""
     balanced: list[float] = attrs.Factory(list)
+    kernel_seconds: list[float] = attrs.Factory(list)
+    """Per stage measured, its (first replica's) compute stream's kernel seconds a step."""
     passes: dict[str, float] = attrs.Factory(dict)
     ordered_by: str = "replay"
     predicted: bool = False
@@ -210,16 +212,18 @@ def measure(
     bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     balanced = balanced_bubbles([b.busy_s for b in summary.stages], m) if all(ours) else []
     other = chrome.get("otherData", {})
+    measured_steps = max(1, steps - other.get("kept_from", 0))
     return RunResult(
         losses=losses,
         seconds=seconds,
         samples_per_second=steps * config.train.batch_size / seconds,
         bubbles=bubbles,
-        bubble_steps=steps - other.get("kept_from", 0),
+        bubble_steps=measured_steps,
         trace_note=trace_note,
         theory=theory,
         passes=passes,
         balanced=balanced,
+        kernel_seconds=[b.busy_s / measured_steps for b in summary.stages],
         peak_activations=peaks,
         activation_quotas=quotas,
         kept_bytes=kept,
