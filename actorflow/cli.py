@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import CompileError, ConfigError
+from .errors import CheckpointError, CompileError, ConfigError
 from .trace.cli import add_commands as add_trace_commands
 
 
@@ -55,7 +55,10 @@ def parser() -> argparse.ArgumentParser:
         "temporary name and renamed into place, and every output path is checked before the "
         "first step. Ctrl-C ends the run after the step in flight (exit 130), a loss that is "
         "NaN or infinite at its step (exit 1, unless train.stop_on_nonfinite is false), each "
-        "with the report and files of the steps run.",
+        "with the report and files of the steps run. With output.checkpoint {path: DIR, every: N} "
+        "the run keeps a checkpoint in DIR every N steps and at its end (Ctrl-C included), and "
+        "--resume DIR goes on from it; a checkpoint that is missing, partial, corrupt or of "
+        "another model, layout or data is refused (exit 2).",
     )
     _config_arguments(run)
     run.add_argument("--steps", type=_positive, help="override train.steps")
@@ -67,6 +70,12 @@ def parser() -> argparse.ArgumentParser:
         "--parameters",
         metavar="PATH",
         help="write the trained parameters there as .npz, by name (overrides output.parameters)",
+    )
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="go on from the newest checkpoint in DIR (output.checkpoint.path of an earlier run) "
+        "to --steps, the run's total, bit for bit as if it had not stopped",
     )
     run.add_argument("--quiet", action="store_true", help="no progress bar or per-step loss")
 
@@ -336,6 +345,7 @@ def _run(config, args) -> int:
         "parameters": (args.parameters, config.output.parameters),
     }
     paths = {name: flag or key for name, (flag, key) in outputs.items()}
+    keep = config.output.checkpoint
     try:
         check_outputs(
             {f"--{name}" if flag else f"output.{name}": paths[name] for name, (flag, _) in outputs.items()},
@@ -345,6 +355,7 @@ def _run(config, args) -> int:
                 "data.x": config.data.x,
                 "data.labels": config.data.labels,
             },
+            {"output.checkpoint.path": keep.path if keep else None},
         )
     except ConfigError as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
@@ -359,6 +370,8 @@ def _run(config, args) -> int:
 
     def on_step(step: int, loss: float) -> None:
         nonlocal done
+        if not done:
+            bar.update(step)  # a resumed run's steps before its checkpoint
         done = step + 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}")
@@ -366,8 +379,8 @@ def _run(config, args) -> int:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
     try:
-        result = train(config, on_step, paths["trace"])
-    except (CompileError, ConfigError) as err:
+        result = train(config, on_step, paths["trace"], args.resume)
+    except (CheckpointError, CompileError, ConfigError) as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -168,6 +168,15 @@ class RuntimeConfig:
 
 
 @attrs.frozen(kw_only=True)
+class CheckpointConfig:
+    """A checkpoint of the run in the folder ``path`` every ``every`` steps and at the
+    run's end (see ``training.checkpoint``); ``actorflow run --resume PATH`` goes on from it."""
+
+    path: str
+    every: int
+
+
+@attrs.frozen(kw_only=True)
 class OutputConfig:
     """Paths to write the metrics JSON, the Chrome trace and the trained parameters
     (``.npz``, by name) to; None writes none."""
@@ -175,6 +184,7 @@ class OutputConfig:
     metrics: str | None = None
     trace: str | None = None
     parameters: str | None = None
+    checkpoint: CheckpointConfig | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -568,6 +578,8 @@ def _check_values(config: Config) -> None:
         _at_least(f"runtime.{name}", getattr(runtime, name), 1)
     if runtime.max_memory is not None:
         _at_least("runtime.max_memory", runtime.max_memory, 1)
+    if config.output.checkpoint is not None:
+        _at_least("output.checkpoint.every", config.output.checkpoint.every, 1)
 
 
 _ONLY_FOR = {

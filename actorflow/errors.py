@@ -9,6 +9,11 @@ class ConfigError(ActorflowError, ValueError):
     """A training config is malformed; str() is one line naming the YAML path."""
 
 
+class CheckpointError(ActorflowError, ValueError):
+    """A checkpoint can't be resumed from: missing, partial, corrupt, or written by another
+    model, layout or data; str() is one line naming the checkpoint's folder."""
+
+
 class GraphError(ActorflowError, ValueError):
     """A graph was built wrong: shapes, dtypes, devices or names that don't fit."""
 

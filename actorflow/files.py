@@ -41,13 +41,20 @@ def _umask() -> int:
     return mask
 
 
-def check_outputs(outputs: Mapping[str, str | None], inputs: Mapping[str, str | None]) -> None:
+def check_outputs(
+    outputs: Mapping[str, str | None],
+    inputs: Mapping[str, str | None],
+    folders: Mapping[str, str | None] | None = None,
+) -> None:
     """Refuse, before any work, output paths that can't be written: a missing or
-    read-only folder, a folder in a file's place, two outputs on one path, or an output
-    on one of the run's ``inputs`` (its config, its data). Keys name the paths in errors."""
+    read-only folder, a folder in a file's place (or for ``folders``, outputs that are
+    folders, a file in a folder's place), two outputs on one path, or an output on one of
+    the run's ``inputs`` (its config, its data). Keys name the paths in errors."""
     seen: dict[str, str] = {}
     read = {os.path.realpath(p): what for what, p in inputs.items() if p}
-    for what, path in outputs.items():
+    kinds = [(what, path, False) for what, path in outputs.items()]
+    kinds += [(what, path, True) for what, path in (folders or {}).items()]
+    for what, path, folder_wanted in kinds:
         if not path:
             continue
         real = os.path.realpath(path)
@@ -55,6 +62,13 @@ def check_outputs(outputs: Mapping[str, str | None], inputs: Mapping[str, str | 
             raise ConfigError(f"{what}: {path} is also {seen[real]}'s path; give each output its own")
         if real in read:
             raise ConfigError(f"{what}: {path} is the run's {read[real]}; it would be overwritten")
+        if folder_wanted and os.path.isdir(real):
+            if not os.access(real, os.W_OK | os.X_OK):
+                raise ConfigError(f"{what}: folder {path} is not writable")
+            seen[real] = what
+            continue
+        if os.path.exists(real) and folder_wanted:
+            raise ConfigError(f"{what}: {path} is a file; give a folder's path")
         if os.path.isdir(real):
             raise ConfigError(f"{what}: {path} is a folder; give a file's path")
         folder = os.path.dirname(real)

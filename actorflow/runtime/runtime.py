@@ -34,7 +34,7 @@ import trio
 
 from ..debug_flags import debug_flags
 from ..errors import KernelError, RankError
-from ..plan import Plan
+from ..plan import Parameter, Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
@@ -217,7 +217,7 @@ class Runtime:
                 "run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`"
             )
         async with self._lock:
-            self._raise_if_failed()
+            self.raise_if_failed()
             if not self.plan.actors:
                 return {} if single else [{} for _ in arrays]
             if not arrays:
@@ -248,7 +248,7 @@ class Runtime:
                 raise
             finally:
                 watchdog.running = False
-            self._raise_if_failed()
+            self.raise_if_failed()
             results = [assemble(self.plan.logical, "output", r) for r in self._results]
             return results[0] if single else results
 
@@ -346,7 +346,8 @@ class Runtime:
     def failed(self) -> bool:
         return self._error is not None
 
-    def _raise_if_failed(self) -> None:
+    def raise_if_failed(self) -> None:
+        """Raise the error that stopped this Runtime, if one did."""
         if self._error is not None:
             raise self._error
 
@@ -386,15 +387,43 @@ class Runtime:
         """The current value of every model parameter, by name (copies; no optimizer state;
         a parameter on several devices as one logical array). Over ranks: this rank's
         devices' parameters (a logical one only where this rank holds all its parts)."""
-        plan = self.plan
+        state = {p.name for p in self.plan.parameters if p.state}
+        values = {name: value for name, value in self.values().items() if name not in state}
+        return assemble(self.plan.logical, "parameter", values)
+
+    def values(self) -> dict[str, np.ndarray]:
+        """This rank's parameters and optimizer state, by their plan names (one per device:
+        ``w0[cpu:1]``, ``w0[cpu:1].momentum``), copies: all a run keeps across steps."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        values = {
-            p.name: buffers[p.register][0].copy()
-            for p in plan.parameters
-            if not p.state and plan.rank_of(plan.registers[p.register].device) == self.rank
-        }
-        return assemble(self.plan.logical, "parameter", values)
+        return {p.name: buffers[p.register][0].copy() for p in self._held()}
+
+    def load(self, values: dict[str, np.ndarray]) -> None:
+        """Set this rank's parameters and optimizer state to ``values`` (as ``values``
+        gives them: every one, with its shape and dtype; a ValueError names the first that
+        differs), between runs. The buffers are written in place, so the kernels' views of
+        them stay valid."""
+        assert self._wiring is not None, "an open Runtime is wired"
+        if self._lock.locked():
+            raise RuntimeError("load runs between runs, not during one")
+        held = {p.name: self._wiring.buffers[p.register][0] for p in self._held()}
+        if values.keys() != held.keys():
+            differ = sorted(values.keys() ^ held.keys())[0]
+            whose = "the plan" if differ in held else "the values"
+            raise ValueError(f"parameter {differ!r} is only in {whose}")
+        for name, buffer in held.items():
+            value = values[name]
+            if (value.shape, value.dtype) != (buffer.shape, buffer.dtype):
+                raise ValueError(
+                    f"parameter {name!r} is {value.dtype}{list(value.shape)}, "
+                    f"the plan's {buffer.dtype}{list(buffer.shape)}"
+                )
+        for name, buffer in held.items():
+            np.copyto(buffer, values[name])
+
+    def _held(self) -> list[Parameter]:
+        plan = self.plan
+        return [p for p in plan.parameters if plan.rank_of(plan.registers[p.register].device) == self.rank]
 
     def threads(self) -> dict[str, str]:
         """Per actor (by name), the stream thread that runs it: its own stream's, or for a

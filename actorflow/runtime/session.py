@@ -128,6 +128,18 @@ class Session:
     def parameters(self) -> dict[str, np.ndarray]:
         return self._call(self._runtime.parameters)
 
+    def values(self) -> dict[str, np.ndarray]:
+        """This rank's parameters and optimizer state (see ``Runtime.values``)."""
+        return self._call(self._runtime.values)
+
+    def load(self, values: dict[str, np.ndarray]) -> None:
+        """Set this rank's parameters and optimizer state between runs (see ``Runtime.load``)."""
+        self._call(lambda: self._runtime.load(values))
+
+    def check(self) -> None:
+        """Raise the error that stopped this session's runtime (a lost rank, ...), if one did."""
+        self._call(self._runtime.raise_if_failed)
+
     def register_stats(self) -> dict[str, dict[str, int]]:
         return self._call(self._runtime.register_stats)
 

@@ -578,15 +578,18 @@ def _drain(q: queue.SimpleQueue, carried: list) -> list:
             return items
 
 
-def gather(obj: Any) -> list | None:
-    """Every rank's ``obj`` on rank 0 (None on the others), for a run's final report.
+def gather(obj: Any, check: Callable[[], None] = lambda: None) -> list | None:
+    """Every rank's ``obj`` on rank 0 (None on the others), for a run's final report or
+    a checkpoint's manifest.
 
-    Called by every rank, outside a Runtime. The ranks first meet at a barrier polled with
-    back-off, so no rank spins in MPI while waiting for a slower one."""
+    Called by every rank. The ranks first meet at a barrier polled with back-off, so no
+    rank spins in MPI while waiting for a slower one; ``check`` is called at each poll and
+    may raise to give up (inside a Runtime: the error that stopped it, a lost rank's)."""
     MPI = mpi()
     request = MPI.COMM_WORLD.Ibarrier()
     backoff = MIN_BACKOFF
     while not request.Test():
+        check()
         time.sleep(backoff)
         backoff = min(2 * backoff, 0.01)
     return MPI.COMM_WORLD.gather(obj, root=0)

@@ -90,6 +90,9 @@ def _theory_line(schedule: str, result: RunResult) -> str:
 
 
 def _steps(config: Config, result: RunResult) -> str:
+    if result.first_step:
+        last = result.first_step + result.steps
+        return f"{result.steps} steps ({result.first_step + 1}-{last} of {config.train.steps})"
     if result.steps == config.train.steps:
         return f"{result.steps} steps"
     return f"{result.steps} of {config.train.steps} steps"
@@ -100,6 +103,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "predicted": result.predicted,
         "config": config.to_dict(),
         "steps": config.train.steps,
+        "first_step": result.first_step,
         "steps_run": result.steps,
         "stopped": result.stopped.text if result.stopped else None,
         "seconds": result.seconds,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,9 @@ from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
 from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
-from .data import Part, dataset, step_feeds
+from ..world import this_rank
+from . import checkpoint
+from .data import Part, dataset, position, step_feeds
 from .model import build_graph
 from .stopping import Interrupts, Stop, nonfinite
 
@@ -80,7 +83,9 @@ class RunResult:
     """A simulated run's (``actorflow simulate``): no losses, no parameters."""
     stopped: Stop | None = None
     steps: int = 0
-    """The steps the run ran: train.steps, unless it ``stopped`` early."""
+    """The steps the run ran: train.steps, unless it ``stopped`` early or was resumed."""
+    first_step: int = 0
+    """The step the run began after: 0, or its checkpoint's when resumed."""
 
 
 def compile_config(config: Config, ranks: int | None = None) -> Plan:
@@ -107,9 +112,15 @@ def compile_config(config: Config, ranks: int | None = None) -> Plan:
 
 
 def train(
-    config: Config, on_step: Callable[[int, float], None] | None = None, trace: str | None = None
+    config: Config,
+    on_step: Callable[[int, float], None] | None = None,
+    trace: str | None = None,
+    resume: str | None = None,
 ) -> RunResult:
-    """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome trace.
+    """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome
+    trace; ``resume``: go on from the newest checkpoint in that folder (see ``checkpoint``)
+    to train.steps, instead of from step 0. With ``output.checkpoint``, a checkpoint is
+    written every ``every`` steps and when the run ends (but at a loss that is not finite).
 
     Under a launcher every rank runs this, and each trains its own devices' part of the
     plan, fed only its devices' slices of each batch. Each rank writes its own trace
@@ -117,6 +128,9 @@ def train(
     what the report needs from the others once the steps are done."""
     data = dataset(config)
     plan = compile_config(config)
+    at = functools.partial(position, config, data)
+    saved = checkpoint.load(resume, config, plan, at, this_rank()) if resume is not None else None
+    first = saved.step if saved is not None else 0
     losses: list[float] = []
     stopped = None
     with Session(
@@ -127,18 +141,29 @@ def train(
         lost_after=config.runtime.lost_after,
     ) as session:
         rank = session.rank
+        if saved is not None:
+            session.load(saved.values)
         parts = local_feeds(plan, rank)
+        keep, shard = config.output.checkpoint, checkpoint.arrays(plan, rank)
+        meet = None if plan.world == 1 else functools.partial(gather, check=session.check)
         start = time.perf_counter()
         with Interrupts(plan.world) as interrupts:
-            for step in range(config.train.steps):
+            for step in range(first, config.train.steps):
                 outputs = session.run(step_feeds(config, data, step, parts))
                 losses.append(float(np.mean([o["loss"] for o in outputs])))
                 if on_step is not None:
                     on_step(step, losses[-1])
-                if config.train.stop_on_nonfinite and (stopped := nonfinite(losses, config.train.steps)):
+                if config.train.stop_on_nonfinite and (
+                    stopped := nonfinite(losses, config.train.steps, first)
+                ):
                     break
                 if interrupts.stop_now() and step + 1 < config.train.steps:
                     stopped = Stop("interrupted", f"interrupted at step {step + 1} of {config.train.steps}")
+                if keep and (stopped or (step + 1) % keep.every == 0 or step + 1 == config.train.steps):
+                    checkpoint.save(
+                        keep.path, step + 1, session.values(), shard, config, at(step + 1), rank, meet
+                    )
+                if stopped:
                     break
         seconds = time.perf_counter() - start
         chrome = session.recorder.to_chrome()
@@ -157,7 +182,7 @@ def train(
             chrome = merge([c for c, _, _ in gathered])
             if trace is not None:
                 write_chrome(with_config(chrome, config), trace)
-    return measure(
+    result = measure(
         config,
         plan,
         chrome,
@@ -173,6 +198,7 @@ def train(
         ],
         trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
     )
+    return attrs.evolve(result, first_step=first)
 
 
 def measure(

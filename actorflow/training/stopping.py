@@ -34,11 +34,12 @@ class Stop:
         return 130 if self.kind == "interrupted" else 1
 
 
-def nonfinite(losses: list[float], steps: int) -> Stop | None:
-    """A Stop if the latest loss is NaN or infinite, naming its step and the last finite loss."""
+def nonfinite(losses: list[float], steps: int, first: int = 0) -> Stop | None:
+    """A Stop if the latest loss is NaN or infinite, naming its step and the last finite
+    loss; ``losses`` are those of the steps after ``first``."""
     if math.isfinite(losses[-1]):
         return None
-    finite = [(k, loss) for k, loss in enumerate(losses) if math.isfinite(loss)]
+    finite = [(first + k, loss) for k, loss in enumerate(losses) if math.isfinite(loss)]
     last = (
         f"the last finite loss was {finite[-1][1]:.6g} at step {finite[-1][0] + 1}"
         if finite
@@ -46,7 +47,7 @@ def nonfinite(losses: list[float], steps: int) -> Stop | None:
     )
     return Stop(
         "nonfinite",
-        f"the loss is {losses[-1]} at step {len(losses)} of {steps} ({last}); stopped there "
+        f"the loss is {losses[-1]} at step {first + len(losses)} of {steps} ({last}); stopped there "
         "(train.stop_on_nonfinite: false trains on)",
     )
 
