@@ -1,7 +1,9 @@
 """micro-batches: with m > 1, a step feeds m micro-batches. Feeds, the forward and the
 backward pass act once per micro-batch; variables and updates act once per step, and so
-do the collectives whose consumers all act once per step (a gradient's all-reduce runs
-on the accumulated gradient, once), and whatever reads only once-per-step values.
+do the collectives, copies and adds whose consumers all act once per step (a gradient's
+all-reduce runs on the accumulated gradient, once; a gradient pushed to a parameter
+server is accumulated before it moves, and the workers' gradients are summed there once:
+sums commute with the accumulation), and whatever reads only once-per-step values.
 
 Where a once-per-step register feeds once-per-micro-batch consumers (a parameter read by
 the forward and backward passes), each consumer reads it in place and holds it for its m
@@ -18,6 +20,9 @@ from ..ops.micro_batch import accumulate
 from ..plan import Actor, Consumer, Input, Plan, Register
 from ..records import evolve
 from .topology import unit_of
+
+SUMS = ("copy", "add")
+"""Ops that commute with the accumulation of their inputs over a step's micro-batches."""
 
 
 def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
@@ -64,8 +69,8 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
 
 
 def _per_step(plan: Plan) -> set[int]:
-    """Actors that act once per step: variables and updates; collectives all of whose
-    consumers do; actors all of whose inputs come from ones that do."""
+    """Actors that act once per step: variables and updates; collectives, copies and
+    adds all of whose consumers do; actors all of whose inputs come from ones that do."""
     unit = unit_of(plan)
     members: dict[int, list[int]] = {}
     for a in plan.actors:
@@ -82,7 +87,9 @@ def _per_step(plan: Plan) -> set[int]:
             producers = [p for p in producers if p >= 0]
             consumers = [c.actor for a in actors for o in a.outputs for c in plan.registers[o].consumers]
             downstream = (
-                actors[0].kind == "collective" and consumers and all(c in per_step for c in consumers)
+                (actors[0].kind == "collective" or actors[0].op in SUMS)
+                and consumers
+                and all(c in per_step for c in consumers)
             )
             upstream = producers and all(p in per_step for p in producers)
             if downstream or upstream:

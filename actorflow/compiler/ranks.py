@@ -118,8 +118,13 @@ class _Split:
         for rank, consumers in sorted(remote.items()):
             tag = self.pairs
             self.pairs += 1
+            # as often as the register is published there: once a step for readers that
+            # act once a step (an accumulate's sum, pushed to a parameter server)
+            every = max(producer.every, *(self.actors[c.actor].every for c in consumers))
             send = self._add_actor(
-                _transfer(producer, "send", f"{reg.name}->rank{rank}", reg.device, {"peer": rank, "tag": tag})
+                _transfer(
+                    producer, "send", f"{reg.name}->rank{rank}", reg.device, {"peer": rank, "tag": tag}, every
+                )
             )
             kept = [c for c in self.registers[reg_id].consumers if c not in consumers]
             self.registers[reg_id] = evolve(self.registers[reg_id], consumers=(*kept, Consumer(send.id, 0)))
@@ -130,10 +135,10 @@ class _Split:
                 len(consumers) == 1
                 and first.kind == "copy"
                 and len(first.inputs) == 1
-                and first.every == producer.every
+                and first.every == every
             ):
                 self.actors[first.id] = evolve(
-                    _transfer(producer, "recv", first.name, first.device, receive),
+                    _transfer(producer, "recv", first.name, first.device, receive, every),
                     id=first.id,
                     outputs=first.outputs,
                     backward=first.backward,
@@ -141,7 +146,7 @@ class _Split:
                 )
                 continue
             recv = self._add_actor(
-                _transfer(producer, "recv", f"{reg.name}<-rank{home}", first.device, receive)
+                _transfer(producer, "recv", f"{reg.name}<-rank{home}", first.device, receive, every)
             )
             mirror = evolve(
                 reg,
@@ -170,8 +175,8 @@ class _Split:
         self.registers[reg_id] = evolve(reg, consumers=(*reg.consumers, Consumer(actor_id, slot)))
 
 
-def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: dict) -> Actor:
-    """A send or receive of what ``producer`` makes, at its rate."""
+def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: dict, every: int) -> Actor:
+    """A send or receive of what ``producer`` makes, acting once per ``every`` micro-batches."""
     return Actor(
         id=-1,
         name=name,
@@ -183,7 +188,7 @@ def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: di
         inputs=(),
         outputs=(),
         where=producer.where,
-        every=producer.every,
+        every=every,
         backward=producer.backward,
         weight_grad=producer.weight_grad,
     )
