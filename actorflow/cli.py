@@ -267,10 +267,14 @@ def _compile(config, args) -> int:
 
     try:
         plan = compile_config(config, args.ranks)
-    except CompileError as err:
+    except (CompileError, ConfigError) as err:
         print(f"actorflow compile: error: {err}", file=sys.stderr)
         return 2
     print(plan.summary() if args.dump else dot(plan) if args.dot else overview(plan))
+    if config.parallel.parameter_server is not None and not args.dot:
+        from .training.parameter_server import roles
+
+        print("\n".join(roles(config, plan)))
     return 0
 
 

@@ -113,6 +113,20 @@ class TrainConfig:
 
 
 @attrs.frozen(kw_only=True)
+class ParameterServerConfig:
+    """Parameter-server training (see ``training.parameter_server``): the stages'
+    data-parallel replicas are the workers, ``servers`` more devices (and ranks) hold the
+    parameters and the optimizer state and run the updates. ``mode``: sync (a server
+    updates once it has every worker's gradient of the step: data-parallel training) or
+    async (each worker's gradient as it arrives, a worker at most ``staleness`` steps
+    ahead of the parameters it last pulled)."""
+
+    servers: int = 1
+    mode: Literal["sync", "async"] = "sync"
+    staleness: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class ParallelConfig:
     """stages[i] holds stage i's devices, data_parallel x tensor_parallel of them (each
     tensor-parallel group k consecutive devices); partition, if given, holds each
@@ -127,6 +141,7 @@ class ParallelConfig:
     schedule: Literal["gpipe", "1f1b", "zb1", "zbh1"] = "1f1b"
     partition: tuple[int, ...] | None = None
     recompute: bool | tuple[bool, ...] = False
+    parameter_server: ParameterServerConfig | None = None
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -523,6 +538,7 @@ def _check(config: Config) -> None:
     _check_stages(config)
     _check_partition(config)
     _check_recompute(config.parallel)
+    _check_parameter_server(config)
 
 
 def _at_least(path: str, value: float, low: float) -> None:
@@ -723,4 +739,25 @@ def _check_recompute(parallel: ParallelConfig) -> None:
     if not isinstance(flags, bool) and len(flags) != stages:
         raise _fail(
             "parallel.recompute", f"expected true, false or one flag per stage ({stages}), got {list(flags)}"
+        )
+
+
+def _check_parameter_server(config: Config) -> None:
+    ps = config.parallel.parameter_server
+    if ps is None:
+        return
+    _at_least("parallel.parameter_server.servers", ps.servers, 1)
+    _at_least("parallel.parameter_server.staleness", ps.staleness, 0)
+    if ps.mode == "async":
+        raise _fail("parallel.parameter_server.mode", "async is not implemented yet; use sync")
+    if ps.staleness and ps.mode == "sync":
+        raise _fail("parallel.parameter_server.staleness", "only async mode lets a worker run ahead")
+    if config.model.kind != "mlp":
+        raise _fail("parallel.parameter_server", "only the mlp model trains with parameter servers")
+    if config.train.optimizer.shard:
+        raise _fail("train.optimizer.shard", "the parameter servers hold the optimizer state; not with shard")
+    if ps.servers > 2 * config.layers:
+        raise _fail(
+            "parallel.parameter_server.servers",
+            f"{ps.servers} servers but the model has {2 * config.layers} parameters to spread over them",
         )

@@ -27,6 +27,12 @@ ONE_PROCESS = {
         "parallel.data_parallel=2",
         "train.optimizer={kind: adam, lr: 0.01, shard: true, shard_threshold_kb: 0}",
     ],
+    "2 parameter servers of 2 workers": [
+        "parallel.stages=[[cpu:0,cpu:1]]",
+        "parallel.data_parallel=2",
+        "parallel.parameter_server={servers: 2}",
+        "train.optimizer.momentum=0.9",
+    ],
 }
 
 

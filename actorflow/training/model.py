@@ -11,9 +11,9 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..graph.ir import Graph
-from ..parallel import B, S, output, parameter, placeholder, recompute
-from . import transformer
+from ..graph.ir import Graph, Tensor
+from ..parallel import B, GlobalTensor, S, output, parameter, placeholder, recompute
+from . import parameter_server, transformer
 from .optimizer import minimize_loss
 
 ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh, "gelu": ops.gelu}
@@ -41,6 +41,7 @@ def build_graph(config: Config) -> Graph:
     stages = [_placement(config, stage) for stage in config.parallel.stages]
     sbp = S(0) if config.parallel.data_parallel > 1 else None
     params = initial_parameters(config)
+    served = parameter_server.placement(config, params)
     activation = ACTIVATIONS[config.model.activation]
     rows, dtype = config.micro_batch_size, config.model.dtype
     # With data parallelism the tensors are GlobalTensors, which ops take through
@@ -53,16 +54,26 @@ def build_graph(config: Config) -> Graph:
             h = ops.to_device(h, stage)  # type: ignore[arg-type]
             with recompute() if again else contextlib.nullcontext():
                 for _ in range(count):
-                    w = parameter(f"w{layer}", params[f"w{layer}"], stage, B if sbp else None)
-                    b = parameter(f"b{layer}", params[f"b{layer}"], stage, B if sbp else None)
+                    w, b = (_parameter(f"{n}{layer}", params, stage, served) for n in "wb")
                     h = ops.bias_add(ops.matmul(h, w), b)  # type: ignore[arg-type]
                     if layer < config.layers - 1:
                         h = activation(h)
                     layer += 1
         loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
-        minimize_loss(config, loss)
+        on_servers = [n for n in graph.nodes if n.op == "parameter" and n.name in served]
+        minimize_loss(config, loss, [graph.tensor((n.id, 0)) for n in on_servers] or None)
         output("loss", loss)
     return graph
+
+
+def _parameter(
+    name: str, values: dict[str, np.ndarray], stage: str | list[str], served: dict[str, str]
+) -> Tensor | GlobalTensor:
+    """Parameter ``name`` as ``stage`` reads it: its own (a replica per device, B), or
+    pulled from its parameter server."""
+    if name in served:
+        return parameter_server.pull(parameter(name, values[name], served[name]), stage)
+    return parameter(name, values[name], stage, B if isinstance(stage, list) else None)
 
 
 def _placement(config: Config, stage: tuple[str, ...]) -> str | list[str]:

@@ -14,12 +14,14 @@ def optimizer(spec: OptimizerConfig) -> optim.SGD | optim.Adam:
     return optim.SGD(lr=spec.lr, momentum=spec.momentum)
 
 
-def minimize_loss(config: Config, loss: Tensor | GlobalTensor) -> None:
-    """Backward pass and updates, sharded over the replicas if train.optimizer.shard."""
+def minimize_loss(config: Config, loss: Tensor | GlobalTensor, params: list[Tensor] | None = None) -> None:
+    """Backward pass and updates (of ``params``, default every parameter), sharded over
+    the replicas if train.optimizer.shard."""
     spec = config.train.optimizer
     minimize(
         loss,
         optimizer(spec),
+        params,
         shard=spec.shard,
         shard_threshold_kb=spec.shard_threshold_kb,
         gradient_accumulation_shard=spec.gradient_accumulation_shard,

@@ -22,6 +22,12 @@ def table(config: Config, result: RunResult) -> str:
         else f"{done}; loss {result.losses[0]:.4f} -> {result.losses[-1]:.4f}",
         f"pipeline: {count(len(parallel.stages), 'stage')} x {count(parallel.data_parallel, 'replica')}"
         + (f" x {parallel.tensor_parallel} tensor-parallel parts" if parallel.tensor_parallel > 1 else "")
+        + (
+            f" (the workers of {count(parallel.parameter_server.servers, 'parameter server')}, "
+            f"{parallel.parameter_server.mode})"
+            if parallel.parameter_server
+            else ""
+        )
         + f", {count(parallel.micro_batches, 'micro-batch', 'micro-batches')}, {parallel.schedule}; "
         + (
             "acts replayed in a simulated run's order"

@@ -21,10 +21,11 @@ from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
 from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
-from ..world import this_rank
+from ..world import this_rank, world_size
 from . import checkpoint
 from .data import Part, dataset, position, step_feeds
 from .model import build_graph
+from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
 
 REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB, 100+ steps
@@ -107,8 +108,16 @@ def compile_config(config: Config, ranks: int | None = None) -> Plan:
         micro_batches=parallel.micro_batches,
         stages=parallel.stages,
         schedule=parallel.schedule,
-        ranks=ranks,
+        ranks=ranks if parallel.parameter_server is None else _server_ranks(config, ranks),
     )
+
+
+def _server_ranks(config: Config, ranks: int | None) -> list[list[str]]:
+    """With parameter servers, the devices of each rank (``parameter_server.rank_devices``)."""
+    world = world_size() if ranks is None else ranks
+    if world == 1:
+        return [[*config.parallel.devices, *server_devices(config)]]
+    return rank_devices(config, world)
 
 
 def train(

@@ -1,0 +1,139 @@
+"""Parameter-server training (seed 003): the model's computation on workers, its updates
+on servers, each scaled on its own.
+
+The workers are the stages' data-parallel replicas, as in data-parallel training; the
+servers are ``parallel.parameter_server.servers`` more devices, one per server rank (the
+last ranks of the run). Each parameter lives on one server (balanced by bytes, the
+largest first onto the server holding the fewest), with its optimizer state and its
+update. Nothing new runs: the graph reads a parameter on a server from each worker
+(``pull``: a copy, which the compiler lowers to a send on the server's rank and a
+receive on the worker's), and the gradient of that read flows back as the copy's
+gradient (a send from the worker: the push) into a sum on the server, which the update
+takes. So every transfer is a send or receive actor under the credit protocol, the
+update waits for every worker's gradient of the step (sync: the average, as the
+all-reduce of data-parallel training gives it), and each step's pull waits for the
+update (the updated parameter's register holds one buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .. import ops
+from ..config import Config
+from ..devices import parse_device
+from ..errors import ConfigError
+from ..graph.ir import Tensor
+from ..parallel import B, GlobalTensor
+from ..plan import Plan
+from ..text import count
+
+
+def server_devices(config: Config) -> tuple[str, ...]:
+    """The servers' devices: the CPU devices numbered after every device of the stages."""
+    ps = config.parallel.parameter_server
+    if ps is None:
+        return ()
+    last = max(int(parse_device(d).split(":")[1]) for d in config.parallel.devices)
+    return tuple(f"cpu:{last + 1 + k}" for k in range(ps.servers))
+
+
+def assign(sizes: Mapping[str, int], servers: int) -> dict[str, int]:
+    """Each parameter's server, balanced by bytes: the largest first (ties: by name),
+    each onto the server holding the fewest bytes so far (ties: the lowest)."""
+    held = [0] * servers
+    chosen = {}
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        server = min(range(servers), key=lambda s: (held[s], s))
+        chosen[name] = server
+        held[server] += sizes[name]
+    return chosen
+
+
+def placement(config: Config, values: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """Each parameter's server device (none without parameter servers)."""
+    devices = server_devices(config)
+    if not devices:
+        return {}
+    return {
+        name: devices[s] for name, s in assign({n: v.nbytes for n, v in values.items()}, len(devices)).items()
+    }
+
+
+def pull(param: Tensor, workers: str | Sequence[str]) -> Tensor | GlobalTensor:
+    """A server's parameter as its workers read it: a copy on each (broadcast over several)."""
+    if isinstance(workers, str):
+        return ops.to_device(param, workers)
+    return GlobalTensor(param.shape, B, tuple(ops.to_device(param, d) for d in workers))
+
+
+def rank_devices(config: Config, world: int) -> list[list[str]]:
+    """The devices of each of ``world`` ranks: the workers' over the first ranks, in order
+    and as even as they go, and each server's alone on one of the last ranks."""
+    servers = server_devices(config)
+    workers = sorted(config.parallel.devices, key=lambda d: int(d.split(":")[1]))
+    first = world - len(servers)
+    if not 1 <= first <= len(workers):
+        raise ConfigError(
+            f"parallel.parameter_server.servers: {len(servers)} server ranks and {len(workers)} worker "
+            f"devices need {len(servers) + 1} to {len(servers) + len(workers)} ranks, not {world}"
+        )
+    ranks: list[list[str]] = [[] for _ in range(first)]
+    for k, device in enumerate(workers):
+        ranks[k * first // len(workers)].append(device)
+    return ranks + [[d] for d in servers]
+
+
+def roles(config: Config, plan: Plan) -> list[str]:
+    """What each rank (and device) is, and per server the bytes it holds (parameters and
+    optimizer state) and moves a step: pulled by the workers, pushed to it."""
+    servers = server_devices(config)
+    ps = config.parallel.parameter_server
+    assert ps is not None, "roles of a parameter-server config"
+    lines = [
+        f"parameter servers ({ps.mode}): {count(len(servers), 'server')}, "
+        f"{count(config.parallel.data_parallel, 'worker')} (the data-parallel replicas)"
+    ]
+    held: dict[str, int] = {}
+    for p in plan.parameters:
+        device = plan.registers[p.register].device
+        held[device] = held.get(device, 0) + plan.registers[p.register].nbytes
+    pulled, pushed = _traffic(plan)
+    for rank in range(plan.world):
+        devices = sorted((d for d, r in plan.ranks.items() if r == rank), key=lambda d: int(d.split(":")[1]))
+        for device in devices:
+            if device in servers:
+                lines.append(
+                    f"  rank {rank}: server {servers.index(device)} on {device}: "
+                    f"{held.get(device, 0) / 2**20:.2f} MiB of parameters and optimizer state; "
+                    f"a step, {pulled.get(device, 0) / 2**20:.2f} MiB pulled, {pushed.get(device, 0) / 2**20:.2f} MiB pushed"
+                )
+            else:
+                lines.append(f"  rank {rank}: worker on {device}")
+    return lines
+
+
+def _traffic(plan: Plan) -> tuple[dict[str, int], dict[str, int]]:
+    """Per device, the bytes a step that leave it and that reach it, over ranks (sends and
+    receives) or between devices of a rank (copies); results delivered to every rank left out."""
+    out: dict[str, int] = {}
+    into: dict[str, int] = {}
+    fetches = {a.id for a in plan.actors if a.kind == "fetch"}
+    for a in plan.actors:
+        acts = plan.micro_batches // a.every
+        if a.kind == "send":
+            reg = plan.registers[a.inputs[0].register]
+            if not any(c.actor in fetches for c in reg.consumers):
+                out[a.device] = out.get(a.device, 0) + reg.nbytes * acts
+        elif a.kind == "recv":
+            reg = plan.registers[a.outputs[0]]
+            if not any(c.actor in fetches for c in reg.consumers):
+                into[a.device] = into.get(a.device, 0) + reg.nbytes * acts
+        elif a.op == "copy" and a.inputs:
+            reg = plan.registers[a.inputs[0].register]
+            if reg.device != a.device:
+                out[reg.device] = out.get(reg.device, 0) + reg.nbytes * acts
+                into[a.device] = into.get(a.device, 0) + reg.nbytes * acts
+    return out, into

@@ -1,0 +1,126 @@
+"""Parameter-server training: the parameters sharded over the servers by bytes, sync
+training equal to data-parallel training step for step (float64, 1e-9) for 1 and 2
+servers and 2 and 3 workers, in one process and over ranks; compile says which rank is
+what and what each server holds and moves."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from actorflow.config import parse_config
+from actorflow.errors import ConfigError
+from actorflow.training import compile_config, train
+from actorflow.training.parameter_server import assign, rank_devices
+from test_cli import run_cli
+
+MODEL = """\
+model: {kind: mlp, sizes: [6, 16, 8, 3], dtype: float64}
+data: {kind: synthetic_classification, samples: 96, seed: 1}
+train: {steps: 5, batch_size: 24, optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}}
+"""
+
+
+def _config(workers: int, servers: int | None = None, *more: str):
+    devices = ", ".join(f"cpu:{k}" for k in range(workers))
+    ps = f", parameter_server: {{servers: {servers}}}" if servers else ""
+    text = MODEL + f"parallel: {{stages: [[{devices}]], data_parallel: {workers}, micro_batches: 2{ps}}}\n"
+    return parse_config(text, list(more))
+
+
+def test_parameters_go_to_the_server_holding_the_fewest_bytes_largest_first():
+    sizes = {"w0": 400, "b0": 40, "w1": 300, "b1": 30, "w2": 100}
+    assert assign(sizes, 2) == {"w0": 0, "w1": 1, "w2": 1, "b0": 0, "b1": 1}
+    assert assign(sizes, 1) == dict.fromkeys(sizes, 0)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_sync_training_equals_data_parallel_training_step_for_step(workers):
+    reference = train(_config(workers))
+    for servers in (1, 2):
+        served = train(_config(workers, servers))
+        np.testing.assert_allclose(served.losses, reference.losses, rtol=0, atol=1e-9)
+        assert served.parameters.keys() == reference.parameters.keys()
+        for name, value in reference.parameters.items():
+            np.testing.assert_allclose(served.parameters[name], value, rtol=0, atol=1e-9)
+
+
+def test_the_servers_hold_every_parameter_and_its_state_and_push_once_a_step():
+    plan = compile_config(_config(2, 2), ranks=4)
+    servers = {"cpu:2", "cpu:3"}
+    assert {plan.registers[p.register].device for p in plan.parameters} == servers
+    assert {plan.rank_of(d) for d in servers} == {2, 3}
+    updates = [a for a in plan.actors if a.kind == "update"]
+    assert updates and {a.device for a in updates} == servers
+    pushes = [a for a in plan.actors if a.kind == "send" and a.device in ("cpu:0", "cpu:1")]
+    gradients = [p for p in pushes if plan.registers[p.inputs[0].register].name.endswith(".accumulate")]
+    assert gradients and all(a.every == plan.micro_batches for a in gradients)
+
+
+def test_compile_says_which_rank_is_what_and_each_server_s_bytes_and_traffic(capsys, tmp_path):
+    path = tmp_path / "ps.yaml"
+    path.write_text(
+        MODEL + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, parameter_server: {servers: 2}}\n"
+    )
+    code, out, err = run_cli(capsys, "compile", str(path), "--ranks", "4")
+    assert code == 0, err
+    lines = out.splitlines()
+    start = lines.index("parameter servers (sync): 2 servers, 2 workers (the data-parallel replicas)")
+    roles = lines[start + 1 :]
+    assert roles[:2] == ["  rank 0: worker on cpu:0", "  rank 1: worker on cpu:1"]
+    assert roles[2].startswith("  rank 2: server 0 on cpu:2: ") and roles[3].startswith(
+        "  rank 3: server 1 on cpu:3: "
+    )
+    assert all("MiB of parameters and optimizer state; a step, " in r and "pushed" in r for r in roles[2:])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["parallel.parameter_server.servers=0"], "parallel.parameter_server.servers: must be >= 1"),
+        (["parallel.parameter_server.staleness=2"], "parallel.parameter_server.staleness: only async"),
+        (["train.optimizer.shard=true"], "train.optimizer.shard: the parameter servers hold"),
+        (["parallel.parameter_server.servers=7"], "parallel.parameter_server.servers: 7 servers but"),
+    ],
+)
+def test_bad_parameter_server_settings_are_one_line(overrides, message):
+    with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(")):
+        _config(2, 1, *overrides)
+
+
+def test_too_few_ranks_for_the_servers_and_a_worker_is_one_line():
+    with pytest.raises(
+        ConfigError, match="^parallel.parameter_server.servers: 2 server ranks and 2 worker devices"
+    ):
+        rank_devices(_config(2, 2), 2)
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(120)
+def test_sync_training_over_ranks_equals_data_parallel_training(tmp_path):
+    from ranks import launch
+
+    path = tmp_path / "ps.yaml"
+    path.write_text(
+        MODEL
+        + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 2}}\n"
+    )
+    metrics = tmp_path / "m.json"
+    code, out = launch(
+        4,
+        sys.executable,
+        "-m",
+        "actorflow.cli",
+        "run",
+        str(path),
+        "--quiet",
+        "--metrics",
+        str(metrics),
+        timeout=90,
+    )
+    assert code == 0, out
+    reference = train(_config(2))
+    np.testing.assert_allclose(json.loads(metrics.read_text())["losses"], reference.losses, rtol=0, atol=1e-9)
