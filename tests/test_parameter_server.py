@@ -6,14 +6,18 @@ what and what each server holds and moves."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from actorflow.config import parse_config
 from actorflow.errors import ConfigError
-from actorflow.training import compile_config, train
+from actorflow.training import checkpoint, compile_config, train
 from actorflow.training.parameter_server import assign, rank_devices
 from test_cli import run_cli
 
@@ -124,3 +128,65 @@ def test_sync_training_over_ranks_equals_data_parallel_training(tmp_path):
     assert code == 0, out
     reference = train(_config(2))
     np.testing.assert_allclose(json.loads(metrics.read_text())["losses"], reference.losses, rtol=0, atol=1e-9)
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of rank ``rank``'s Python among the launcher's descendants."""
+    parents, environs = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            environs[int(entry)] = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    family = {launcher}
+    for _ in range(4):  # the launcher, mpiexec, hydra's proxy, the ranks
+        family |= {pid for pid, parent in parents.items() if parent in family}
+    marked = f"PMI_RANK={rank}".encode()
+    return next((pid for pid in sorted(family) if marked in environs.get(pid, ())), None)
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(150)
+def test_a_server_killed_stops_every_rank_within_10_s_naming_it_and_resume_finishes(tmp_path):
+    import ranks
+
+    path = tmp_path / "ps.yaml"
+    path.write_text(
+        MODEL + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, parameter_server: {servers: 1}}\n"
+    )
+    ck = tmp_path / "ck"
+    run = [sys.executable, "-m", "actorflow.cli", "run", str(path), "--quiet"]
+    keep = ["--set", f"output.checkpoint={{path: {ck}, every: 5}}"]
+    proc = ranks.start(3, *run, "--steps", "1000000", *keep)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith("step-") for p in ck.glob("*")) or _rank_pid(proc.pid, 2) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint or no rank 2 in 60 s"
+            time.sleep(0.05)
+        pids = [_rank_pid(proc.pid, r) for r in range(3)]
+        killed = time.monotonic()
+        os.kill(pids[2], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=30)
+        ended = time.monotonic()
+    finally:
+        ranks.kill(proc)
+    assert proc.returncode != 0
+    assert ended - killed < 10, out
+    assert "rank 2 was lost" in out or "rank 2 was killed by SIGKILL" in out, out
+    assert ranks.wait_gone([p for p in pids if p is not None], within=2) == []
+    step = json.loads((Path(checkpoint.latest(str(ck))) / "manifest.json").read_text())["step"]
+    code, out = ranks.launch(
+        3,
+        *run,
+        "--steps",
+        str(step + 3),
+        "--resume",
+        str(ck),
+        "--metrics",
+        str(tmp_path / "m.json"),
+        timeout=60,
+    )
+    assert code == 0, out
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert (metrics["first_step"], metrics["steps_run"]) == (step, 3)
