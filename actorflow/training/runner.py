@@ -129,7 +129,7 @@ def train(
     """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome
     trace; ``resume``: go on from the newest checkpoint in that folder (see ``checkpoint``)
     to train.steps, instead of from step 0. With ``output.checkpoint``, a checkpoint is
-    written every ``every`` steps and when the run ends (but at a loss that is not finite).
+    written every ``every`` steps and when the run ends (except at a loss that is not finite).
 
     Under a launcher every rank runs this, and each trains its own devices' part of the
     plan, fed only its devices' slices of each batch. Each rank writes its own trace
