@@ -118,10 +118,7 @@ class Session:
         except trio.RunFinishedError:
             raise self._died() from self._error
         except BaseException as exc:
-            if not self._runtime.failed:  # left midway (a Ctrl-C): the run can't go on
-                with contextlib.suppress(trio.RunFinishedError):
-                    stopped = RuntimeError(f"the run was abandoned midway ({type(exc).__name__})")
-                    trio.from_thread.run_sync(self._runtime.fail, stopped, trio_token=token)
+            self._abandon(exc)
             self.close()
             raise
 
@@ -193,5 +190,18 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            self._abandon(exc)
         self.close()
+
+    def _abandon(self, exc: BaseException) -> None:
+        """Fail the runtime, if it has not failed, because the program left it with ``exc``
+        (a Ctrl-C in a run or between runs): over ranks this tells the other ranks, which
+        would otherwise wait for this one's part of their run until they stall."""
+        token = self._token
+        if token is None or self._runtime.failed:
+            return
+        left = RuntimeError(f"the program left its Session with {type(exc).__name__}")
+        with contextlib.suppress(trio.RunFinishedError):
+            trio.from_thread.run_sync(self._runtime.fail, left, trio_token=token)
