@@ -13,7 +13,7 @@ import pytest
 
 from actorflow.config import load_config
 from actorflow.runtime import Session
-from actorflow.runtime.virtual import Timing, simulate
+from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, calibrate, predict
 from actorflow.simulate.costs import fit
@@ -29,7 +29,9 @@ KNOWN = CostModel(
     ops={"matmul": (4e-6, 2e-11, 1e-11), "relu": (1e-6, 0.0, 3e-11), "bias_add": (1e-6, 0.0, 2e-11)},
     overall=(2e-6, 1e-11, 2e-11),
     launch=3e-6,
+    hop=2e-5,
     between=5e-5,
+    handover=3e-4,
     model={"kind": "mlp"},
 )
 
@@ -94,8 +96,36 @@ def test_calibrating_on_a_trace_with_known_costs_gives_them_back():
     model = calibrate(with_config(made.chrome, config), "synthetic")
     wiring = wire(plan, 0, allocate=False)
     assert unit_costs(plan, wiring, model) == pytest.approx(unit_costs(plan, wiring, KNOWN), rel=0.03)
-    assert model.between + model.launch == pytest.approx(KNOWN.between + KNOWN.launch, rel=1e-3)
+    assert (model.launch, model.between) == pytest.approx((KNOWN.launch, KNOWN.between), rel=1e-3)
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
+
+
+def test_stream_threads_share_the_cores_and_wait_for_the_gil():
+    config = load_config("configs/2x2.yaml", ["train.steps=1"])
+    plan = compile_config(config, 1)
+    wiring = wire(plan, 0, allocate=False)
+    orders, _ = replayed_orders(plan, wiring, config.runtime.order)
+    costs = unit_costs(plan, wiring, KNOWN)
+    streams = len(wiring.streams)
+
+    def run(cores: int, handover: float) -> list:
+        host = Host([0] * streams, [0] * streams, cores, handover)
+        ran = simulate(
+            wiring, plan.micro_batches, 1, 1, Timing(costs, launch=KNOWN.launch, host=host), orders
+        )
+        assert ran is not None
+        return [e for stream in ran for e in stream]
+
+    def makespan(entries: list) -> float:
+        return max(e.end for e in entries)
+
+    work = sum(costs[e.unit.id] + KNOWN.launch for e in run(64, 0.0))
+    one_core = run(1, 0.0)
+    assert makespan(one_core) == pytest.approx(work, rel=1e-6)  # every act waits for the one core
+    assert makespan(one_core) > makespan(run(2, 0.0)) > makespan(run(64, 0.0))
+    # a woken thread waits for the GIL while another runs back to back, and gets it when
+    # that one goes idle, long before a hand-over of a second
+    assert makespan(run(64, 0.0)) < makespan(run(64, 1.0)) < 0.1
 
 
 @pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])

@@ -10,6 +10,15 @@ unit as a driver does, or, for a replayed run, follows the order the replay deci
 (the producer acts whose "ready" it took, the consumer acts whose "free" gave it its
 buffer).
 
+With a ``Host``, the streams are threads of processes on machines, as on CPUs: the
+acts running at once on a machine share its cores (each at ``cores / running`` of a
+core's speed when more run than it has), and a thread that was idle and is woken
+while another thread of its process runs acts back to back waits for the GIL: CPython
+hands it over when the running thread blocks (goes idle), or after a while (the switch
+interval at most; sooner where a kernel releases it long enough). Measured here: a
+woken stream thread started, in the median, about when the busy one next went idle,
+not when its kernels released the GIL, which it mostly takes back first.
+
 Two callers: ``replay.schedule`` times every act one tick (``Timing`` None) to decide each
 stream's order ahead of a run; ``actorflow simulate`` times them by a cost model to
 predict a run.
@@ -20,6 +29,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -29,16 +39,31 @@ from .wiring import Unit, Wiring, acts_in
 
 
 @attrs.frozen
+class Host:
+    """Where the streams' threads run (see the module's docstring): ``process[k]`` and
+    ``machine[k]`` are stream k's process (one GIL) and machine (``cores`` cores);
+    ``handover``: the longest a woken thread waits for the GIL (CPython's switch interval
+    at most)."""
+
+    process: Sequence[int]
+    machine: Sequence[int]
+    cores: int
+    handover: float = 0.005
+
+
+@attrs.frozen
 class Timing:
     """How long things take on the virtual clock, in seconds: ``costs[u]`` an act of unit
     u; ``launch`` what a stream spends per act around its kernel; ``hop`` a message from
     one stream's thread to another's; ``between`` the host's time from a run's end to
-    the next one's start."""
+    the next one's start; ``host``: the threads share cores and GILs (None: each stream
+    runs as if alone)."""
 
     costs: Sequence[float]
     launch: float = 0.0
     hop: float = 0.0
     between: float = 0.0
+    host: Host | None = None
 
 
 class Entry:
@@ -82,21 +107,33 @@ def simulate(
     queues = [
         LaunchQueue(s.units, s.order if orders is None else orders[k]) for k, s in enumerate(wiring.streams)
     ]
-    costs = timing.costs if timing is not None else [1.0] * len(wiring.units)
-    launch_s = timing.launch if timing is not None else 0.0
-    hop = timing.hop if timing is not None else 0.0
+    timing = timing or Timing([1.0] * len(wiring.units))
+    costs, launch_s, hop, host = timing.costs, timing.launch, timing.hop, timing.host
+    cpus = _Cpus(host, len(queues)) if host is not None else None
     per_step = {u.id: acts_in(u.actor, micro_batches) for u in wiring.units}
     ready_from: dict[tuple[int, int, int], Entry] = {}
     freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
     ran: list[list[Entry]] = [[] for _ in queues]
     busy = [False] * len(queues)
-    events: list[tuple[float, int, int, object]] = []  # (time, kind, order, what): ends before news
+    events: list[tuple[float, int, object, object]] = []  # (time, kind, order, what): ends, news, GIL
     sequence = 0
 
     def launch(k: int, now: float) -> None:
-        unit = queues[k].pop()
-        if unit is None:
+        if cpus is not None and cpus.waiting[k] is not None:
             return
+        unit = queues[k].pop()
+        if cpus is None:
+            if unit is not None:
+                start(k, unit, now)
+        elif unit is None:
+            for j in cpus.idle(k):
+                start(j, cpus.admit(j), now)
+        elif cpus.must_wait(k, unit):
+            push(now + cpus.host.handover, 2, (k, cpus.tickets[k]))
+        else:
+            start(k, unit, now)
+
+    def start(k: int, unit: Unit, now: float) -> None:
         acts = [m.state.take() for m in unit.members]
         queues[k].requeue(unit)
         entry = Entry(unit, acts, k, per_step[unit.id], now + launch_s)  # its kernel's start
@@ -109,18 +146,25 @@ def simulate(
                 entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
         ran[k].append(entry)
         busy[k] = True
-        entry.end = entry.start + costs[unit.id]
-        heapq.heappush(events, (entry.end, 0, k, entry))
+        if cpus is None:
+            entry.end = entry.start + costs[unit.id]
+            heapq.heappush(events, (entry.end, 0, (k, 0), entry))
+        else:
+            for when, order, what in cpus.run(entry, launch_s + costs[unit.id], now):
+                heapq.heappush(events, (when, 0, order, what))
+
+    def push(when: float, kind: int, what: object) -> None:
+        nonlocal sequence
+        heapq.heappush(events, (when, kind, sequence, what))
+        sequence += 1
 
     def tell(unit: Unit, now: float, k: int, news: tuple) -> None:
         """Deliver ``news`` to ``unit``'s stream: at once on stream k, a hop later elsewhere."""
-        nonlocal sequence
         target = index[unit.stream]
         if target == k or not hop:
             hear(news)
         else:
-            heapq.heappush(events, (now + hop, 1, sequence, news))
-            sequence += 1
+            push(now + hop, 1, news)
 
     def hear(news: tuple) -> None:
         member, out, buffer, slot = news
@@ -152,7 +196,7 @@ def simulate(
 
     now = 0.0
     for run in range(runs):
-        if run and timing is not None:
+        if run:
             now += timing.between
         for unit in wiring.units:
             for member in unit.members:
@@ -165,12 +209,111 @@ def simulate(
             while events and events[0][0] == now:
                 _, kind, _, what = heapq.heappop(events)
                 if kind == 0:
-                    end(what, now)  # type: ignore[arg-type]
-                else:
+                    if cpus is None:
+                        end(what, now)  # type: ignore[arg-type]
+                    elif (done := cpus.ended(what, now)) is not None:  # type: ignore[arg-type]
+                        for when, order, item in done[1]:
+                            heapq.heappush(events, (when, 0, order, item))
+                        end(done[0], now)
+                elif kind == 1:
                     hear(what)  # type: ignore[arg-type]
+                elif cpus is not None and (woken := cpus.switched(*what)) is not None:  # type: ignore[misc]
+                    start(woken, cpus.admit(woken), now)
             for k in range(len(queues)):
                 if not busy[k]:
                     launch(k, now)
         if any(m.state.acts_left for m in wiring.members.values()):
             return None  # it stalls: the drivers will say where, when it does
     return ran
+
+
+class _Cpus:
+    """The ``Host``'s threads on the virtual clock (see the module's docstring): which
+    stream threads hold their process's GIL (run acts back to back), which wait for it
+    with the unit they will launch, and the acts running on each machine with the work
+    each has left."""
+
+    def __init__(self, host: Host, streams: int) -> None:
+        self.host = host
+        self.holding = [False] * streams
+        self.waiting: list[Unit | None] = [None] * streams
+        self.tickets = [0] * streams
+        self.queue: dict[int, list[int]] = defaultdict(list)  # per process, the waiting streams in order
+        self.running: dict[int, dict[int, list]] = defaultdict(
+            dict
+        )  # per machine: stream -> [entry, left, version]
+        self.since: dict[int, float] = defaultdict(float)
+        self.version = 0
+
+    def must_wait(self, k: int, unit: Unit) -> bool:
+        """Whether idle stream k, woken with ``unit`` to launch, waits for the GIL (then
+        it is queued for it)."""
+        process = self.host.process[k]
+        if self.holding[k] or not any(h and p == process for h, p in zip(self.holding, self.host.process)):
+            self.holding[k] = True
+            return False
+        self.waiting[k] = unit
+        self.tickets[k] += 1
+        self.queue[process].append(k)
+        return True
+
+    def switched(self, k: int, ticket: int) -> int | None:
+        """The hand-over time since stream k began to wait for the GIL: k, if it still waits."""
+        return k if self.waiting[k] is not None and self.tickets[k] == ticket else None
+
+    def admit(self, k: int) -> Unit:
+        """Stream k gets the GIL: the unit it waited to launch."""
+        unit = self.waiting[k]
+        assert unit is not None, "an admitted stream was waiting"
+        self.waiting[k] = None
+        self.queue[self.host.process[k]].remove(k)
+        self.holding[k] = True
+        return unit
+
+    def idle(self, k: int) -> list[int]:
+        """Stream k has nothing to launch: it blocks, handing the GIL to the stream that
+        waited longest, if it held it."""
+        if not self.holding[k]:
+            return []
+        self.holding[k] = False
+        waiting = self.queue[self.host.process[k]]
+        return waiting[:1]
+
+    def run(self, entry: Entry, work: float, now: float) -> list[tuple[float, tuple[int, int], Any]]:
+        """``entry`` starts ``work`` seconds of a core: the new ends of its machine's acts."""
+        machine = self.host.machine[entry.stream]
+        self._advance(machine, now)
+        self.running[machine][entry.stream] = [entry, work, 0]
+        return self._ends(machine, now)
+
+    def ended(self, what: tuple[Entry, int], now: float) -> tuple[Entry, list] | None:
+        """An end event: None where it is stale (its machine's share changed since), else
+        the act that ended and the new ends of its machine's other acts."""
+        entry, version = what
+        machine = self.host.machine[entry.stream]
+        running = self.running[machine]
+        slot = running.get(entry.stream)
+        if slot is None or slot[2] != version:
+            return None
+        self._advance(machine, now)
+        del running[entry.stream]
+        entry.end = now
+        return entry, self._ends(machine, now)
+
+    def _rate(self, machine: int) -> float:
+        return min(1.0, self.host.cores / max(1, len(self.running[machine])))
+
+    def _advance(self, machine: int, now: float) -> None:
+        rate = self._rate(machine)
+        for slot in self.running[machine].values():
+            slot[1] -= (now - self.since[machine]) * rate
+        self.since[machine] = now
+
+    def _ends(self, machine: int, now: float) -> list[tuple[float, tuple[int, int], Any]]:
+        rate = self._rate(machine)
+        ends = []
+        for k, slot in self.running[machine].items():
+            self.version += 1
+            slot[2] = self.version
+            ends.append((now + max(0.0, slot[1]) / rate, (k, self.version), (slot[0], self.version)))
+        return ends

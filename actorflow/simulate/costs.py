@@ -6,15 +6,18 @@ cost per call, a rate for arithmetic, a rate for memory (its inputs and outputs)
 collective takes an alpha-beta time per algorithm (ring or tree, the faster) over a
 two-level topology: links within a node and across nodes (``Link``), a collective over
 several nodes reducing within each node first (the two-level collectives of seed 004).
-Around the kernels the runtime itself costs time, fitted too: ``launch`` per act on a
-stream, ``hop`` per message between streams' threads (a wake-up), ``between`` the host's
-time from one step's end to the next's start.
+Around the kernels the runtime itself costs time, measured too: ``launch`` per act on
+a stream, ``hop`` per message between streams' threads (a wake-up), ``between`` the
+host's time from one step's end to the next's start; and the stream threads share the
+machine's ``cores`` and their process's GIL (``runtime.virtual.Host``).
 
 ``calibrate`` fits all of it from a trace of ``actorflow run --trace`` (which carries its
 config, so the plan's shapes can be rebuilt): each actor's median kernel time over its
 acts, by non-negative least squares per kind, pulled towards one fit over every kind
 (what a kind seen on one shape only can't tell apart: its fixed cost from its rates);
-the stream's time per act by simulating the measured config and matching its step time.
+the stream's time per act from the gaps between its back-to-back kernels, a wake-up
+from the delays of idle streams' kernels after what they waited for ended, and the
+GIL's hand-over by simulating the measured config and matching its step time.
 The result is a small JSON file a user keeps per machine (``CostModel.to_json``).
 """
 
@@ -32,7 +35,7 @@ import numpy as np
 from ..errors import ConfigError
 from ..plan import Actor, Plan
 
-FORMAT = "actorflow-calibration/1"
+FORMAT = "actorflow-calibration/2"
 RIDGE = 0.05
 """How strongly a kind's fit is pulled towards the fit over every kind."""
 
@@ -65,7 +68,11 @@ class CostModel:
     """``ops``: per op kind, (seconds a call, seconds a flop, seconds a byte); ``overall``:
     the same fitted over every kind, for a kind the measured run did not have;
     ``node`` and ``network``: the links within and across nodes of ``node_size``
-    devices; ``model``: the config's ``model`` section the fit was measured on."""
+    devices; ``cores``: a machine's; ``handover``: how long a woken stream thread waits
+    for its process's GIL while another runs acts back to back (at most CPython's switch
+    interval; sooner where the runner's kernels release the GIL long enough for the
+    woken one to take it); ``model``: the config's ``model`` section the fit was
+    measured on."""
 
     ops: dict[str, tuple[float, float, float]]
     overall: tuple[float, float, float]
@@ -75,6 +82,8 @@ class CostModel:
     node: Link = Link(1e-6, 10e9)
     network: Link = NETWORK
     node_size: int = 8
+    cores: int = 2
+    handover: float = 0.005
     model: dict[str, Any] = attrs.Factory(dict)
 
     def seconds(self, features: Features) -> float:
@@ -110,7 +119,11 @@ class CostModel:
             data["overall"] = _three(data["overall"])
             data["node"], data["network"] = Link(**data["node"]), Link(**data["network"])
             model = cls(**data)
-            if model.node_size < 1 or min(model.node.bandwidth, model.network.bandwidth) <= 0:
+            if (
+                model.node_size < 1
+                or model.cores < 1
+                or min(model.node.bandwidth, model.network.bandwidth) <= 0
+            ):
                 raise ValueError("a node of no devices, or a link of no bandwidth")
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None

@@ -15,7 +15,9 @@ devices share a node), not of the simulation.
 
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -28,18 +30,15 @@ from ..plan import Plan
 from ..runtime.replay import Program, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
-from ..runtime.virtual import Entry, Timing, simulate
+from ..runtime.virtual import Entry, Host, Timing, simulate
 from ..runtime.wiring import Unit, Wiring, wire
-from ..trace.parse import parse
+from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
 from .costs import CalibrationError, CostModel, Link, features, fit, nnls
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
-HOP = 30e-6
-"""A message between two streams' threads: half the ~60 us thread round trip of
-DESIGN.md's measured facts."""
 
 
 @attrs.frozen
@@ -76,7 +75,9 @@ def _clock(config: Config, plan: Plan, wiring: Wiring, model: CostModel) -> tupl
     takes (the host's time between steps included), and how the run orders its acts."""
     orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
     steps = min(config.train.steps, SIMULATED_STEPS)
-    timing = Timing(unit_costs(plan, wiring, model), model.launch, model.hop, model.between)
+    streams = len(wiring.streams)
+    host = Host([0] * streams, [0] * streams, model.cores, model.handover)
+    timing = Timing(unit_costs(plan, wiring, model), model.launch, model.hop, model.between, host)
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
@@ -161,7 +162,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     for s in trace.spans:
         if s.is_kernel:
             durations[s.name].append((s.end - s.start) / 1e9)
-    measured = {u.id: statistics.median(durations[u.name]) for u in wiring.units if durations.get(u.name)}
+    measured = {u.id: _typical(durations[u.name]) for u in wiring.units if durations.get(u.name)}
     samples = [
         (features(plan, u.actor), measured[u.id])
         for u in wiring.units
@@ -170,17 +171,52 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     if not samples:
         raise CalibrationError(f"{where}: a trace with no kernel of its config's plan")
     ops, overall = fit(samples)
+    launch, hop = _host_times(trace, {u.name: u.stream for u in wiring.units})
     steps = sorted((s.start, s.end) for s in trace.spans if s.category == "step")
     makespan = statistics.median(e - b for b, e in steps) / 1e9
     gap = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
     model = CostModel(
         ops,
         overall,
+        launch=launch,
+        hop=hop,
         between=gap,
         node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
+        cores=os.cpu_count() or 1,
         model=other["config"]["model"],
     )
     return _overheads(config, plan, model, makespan)
+
+
+def _host_times(trace: Trace, threads: dict[str, int]) -> tuple[float, float]:
+    """(launch, hop) from a trace whose kernels ran on ``threads[name]`` (a copy's track
+    is its device's copy stream; its thread, its producer's): the median gap between two
+    kernels of a thread where the second had nothing left to wait for when the first
+    ended; of the delays of a kernel of an idle thread after the last kernel it waited
+    for (on another thread) ended, the tenth percentile, less a launch (a wake-up that
+    found the GIL free)."""
+    producers: dict[int, list[int]] = defaultdict(list)
+    for p, c in trace.flows:
+        producers[c].append(p)
+    spans = trace.spans
+    kernels = [i for i, s in enumerate(spans) if s.is_kernel and s.name in threads]
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for i in kernels:
+        by_thread[threads[spans[i].name]].append(i)
+    previous = {b: a for ids in by_thread.values() for a, b in zip(ids, ids[1:])}
+    gaps, delays = [], []
+    for i in kernels:
+        before = previous.get(i)
+        if before is None:
+            continue
+        s, last = spans[i], spans[before].end
+        ready = max((spans[p].end for p in producers[i]), default=last)
+        if ready <= last:
+            gaps.append((s.start - last) / 1e9)
+        elif s.start >= ready:
+            delays.append((s.start - ready) / 1e9)
+    launch = statistics.median(gaps) if gaps else 0.0
+    return launch, max(0.0, float(np.quantile(delays, 0.1)) - launch) if delays else 0.0
 
 
 def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link | None:
@@ -200,14 +236,21 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
 
 
 def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float) -> CostModel:
-    """``launch`` so that the measured config's simulated step lasts as long as it
-    measured (``makespan``), by bisection (a longer launch, a longer step), with ``hop``
-    a thread's wake-up (``HOP``). The measured time between steps (``model.between``)
+    """``handover`` so that the measured config's simulated step lasts as long as it
+    measured (``makespan``), by bisection (a longer hand-over, a longer step) up to
+    CPython's switch interval. The measured time between steps (``model.between``)
     includes the next step's first launch."""
-    lo, hi = 0.0, makespan / 8
+    lo, hi = 0.0, sys.getswitchinterval()
     for _ in range(20):
         mid = (lo + hi) / 2
-        trial = attrs.evolve(model, launch=mid, hop=HOP, between=0.0)
+        trial = attrs.evolve(model, handover=mid, between=0.0)
         _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
         lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-    return attrs.evolve(model, launch=lo, hop=HOP, between=max(0.0, model.between - lo))
+    return attrs.evolve(model, handover=lo, between=max(0.0, model.between - model.launch))
+
+
+def _typical(seconds: list[float]) -> float:
+    """An act's typical time: the mean of its measured times, leaving out those the
+    machine stretched past 4x the median (a preemption, a collection)."""
+    median = statistics.median(seconds)
+    return statistics.fmean(s for s in seconds if s <= 4 * median)
