@@ -110,6 +110,14 @@ def parser() -> argparse.ArgumentParser:
         help="instead, the fastest layouts on N devices (degrees, micro-batches, schedule) "
         "that fit runtime.max_memory",
     )
+    sim.add_argument(
+        "--ranks",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="a run over N ranks (processes, as actorflow launch -n N starts), the devices spread "
+        "over them in order",
+    )
     sim.add_argument("--trace", metavar="PATH", help="write the simulated run's Chrome trace there")
     sim.add_argument("--metrics", metavar="PATH", help='write the results as JSON there ("predicted": true)')
 
@@ -322,7 +330,7 @@ def _simulate(config, args) -> int:
             return 0
         if args.layout:
             config = with_layout(config, *parse_layout(args.layout))
-        prediction = predict(config, model)
+        prediction = predict(config, model, ranks=args.ranks)
     except (CompileError, ConfigError) as err:
         print(f"actorflow simulate: error: {err}", file=sys.stderr)
         return 2

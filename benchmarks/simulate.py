@@ -9,6 +9,10 @@ stretched; the median over --repeats runs) beside the predicted one and the erro
 measured bubble per stage (median over runs) beside the predicted one. Then the median
 and worst errors and the worst bubble difference, against the goals (5%, 10%, 0.05).
 
+Runs over ranks are measured as a user runs them (``actorflow launch -n R -- actorflow
+run ...``; rank 0's steps) and predicted with ``--ranks R``. Before the table, the
+machine's CPU pressure (``/proc/pressure/cpu``, others' load) while it was measured.
+
 Run: python benchmarks/simulate.py [--steps 30] [--repeats 3]
 """
 
@@ -18,6 +22,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 
 from actorflow.config import load_config
@@ -27,21 +33,24 @@ from actorflow.trace.parse import parse
 from actorflow.training import train
 
 MLP = [
-    ("default (1f1b, m4)", "default", []),
-    ("gpipe m4", "gpipe", []),
-    ("zb1 m4", "zb1", []),
-    ("1f1b m2", "1f1b", ["parallel.micro_batches=2"]),
-    ("1f1b m8", "1f1b", ["parallel.micro_batches=8"]),
-    ("gpipe m8", "gpipe", ["parallel.micro_batches=8"]),
-    ("zb1 m8", "zb1", ["parallel.micro_batches=8"]),
-    ("1 device", "default", ["parallel.stages=[cpu:0]", "parallel.micro_batches=1"]),
-    ("recompute", "default", ["parallel.recompute=true"]),
-    ("2x2 data parallel", "2x2", []),
-    ("2x2 sharded optimizer", "2x2", ["train.optimizer.shard=true"]),
+    ("default (1f1b, m4)", "default", [], 1),
+    ("gpipe m4", "gpipe", [], 1),
+    ("zb1 m4", "zb1", [], 1),
+    ("1f1b m2", "1f1b", ["parallel.micro_batches=2"], 1),
+    ("1f1b m8", "1f1b", ["parallel.micro_batches=8"], 1),
+    ("gpipe m8", "gpipe", ["parallel.micro_batches=8"], 1),
+    ("zb1 m8", "zb1", ["parallel.micro_batches=8"], 1),
+    ("1 device", "default", ["parallel.stages=[cpu:0]", "parallel.micro_batches=1"], 1),
+    ("recompute", "default", ["parallel.recompute=true"], 1),
+    ("2x2 data parallel", "2x2", [], 1),
+    ("2x2 sharded optimizer", "2x2", ["train.optimizer.shard=true"], 1),
+    ("default, 2 ranks", "default", [], 2),
+    ("2x2, 2 ranks", "2x2", [], 2),
+    ("2x2, 4 ranks", "2x2", [], 4),
 ]
 TRANSFORMER = [
-    ("transformer (tp 2, m2)", "transformer", []),
-    ("transformer zb1", "transformer", ["parallel.schedule=zb1"]),
+    ("transformer (tp 2, m2)", "transformer", [], 1),
+    ("transformer zb1", "transformer", ["parallel.schedule=zb1"], 1),
 ]
 CALIBRATION = {
     "mlp": ("gpipe", ["parallel.micro_batches=2"]),
@@ -49,20 +58,50 @@ CALIBRATION = {
 }
 
 
-def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str) -> tuple:
+def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str, ranks: int = 1) -> tuple:
     """Medians over ``repeats`` runs: (step seconds, bubble per stage), and the last trace."""
     periods, bubbles, chrome = [], [], {}
     for k in range(repeats):
-        config = load_config(f"configs/{name}.yaml", [*sets, f"train.steps={steps}"])
         path = os.path.join(folder, f"{name}.{k}.json")
-        result = train(config, trace=path)
+        if ranks == 1:
+            config = load_config(f"configs/{name}.yaml", [*sets, f"train.steps={steps}"])
+            bubbles.append(train(config, trace=path).bubbles)
+        else:
+            bubbles.append(launched(name, sets, steps, ranks, path))
         with open(path) as f:
             chrome = json.load(f)
-        starts = sorted(s.start for s in parse(chrome).spans if s.category == "step")
+        parsed = parse(chrome)
+        starts = sorted(
+            s.start
+            for s in parsed.spans
+            if s.category == "step" and (ranks == 1 or parsed.tracks[s.track].process == "rank 0")
+        )
         periods.append(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1e9)
-        bubbles.append(result.bubbles)
     per_stage = [statistics.median(b[s] for b in bubbles) for s in range(len(bubbles[0]))]
     return statistics.median(periods), per_stage, chrome
+
+
+def launched(name: str, sets: list[str], steps: int, ranks: int, trace: str) -> list[float]:
+    """A run over ``ranks`` started as a user does; its bubble per stage (its merged trace
+    goes to ``trace``)."""
+    metrics = trace + ".metrics.json"
+    cli = [sys.executable, "-m", "actorflow.cli"]
+    sets_ = [a for s in [*sets, f"train.steps={steps}"] for a in ("--set", s)]
+    command = [*cli, "launch", "-n", str(ranks), "--", *cli, "run", f"configs/{name}.yaml", *sets_]
+    subprocess.run(
+        [*command, "--trace", trace, "--metrics", metrics, "--quiet"], check=True, capture_output=True
+    )
+    with open(metrics) as f:
+        return [s["bubble"] for s in json.load(f)["stages"]]
+
+
+def pressure() -> str:
+    """The machine's CPU pressure: the share of time some task waited for a core."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return f.readline().strip()
+    except OSError:
+        return "unknown"
 
 
 def main() -> int:
@@ -71,6 +110,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3, help="measured runs per config; medians")
     args = p.parse_args()
     print(f"actorflow simulate accuracy: {os.cpu_count()} cores; {args.steps} steps x {args.repeats} runs")
+    start = pressure()
     rows = [("config", "measured ms", "predicted ms", "error", "bubble measured", "bubble predicted")]
     errors, gaps = [], []
     with tempfile.TemporaryDirectory() as folder:
@@ -79,12 +119,12 @@ def main() -> int:
             *_, chrome = measured(name, sets, args.steps, 1, folder)
             model = calibrate(chrome, f"{name} {' '.join(sets)}")
             print(f"{kind}: calibrated on {name} {' '.join(sets)}")
-            for label, config_name, config_sets in table:
-                step, bubbles, _ = measured(config_name, config_sets, args.steps, args.repeats, folder)
+            for label, config_name, config_sets, ranks in table:
+                step, bubbles, _ = measured(config_name, config_sets, args.steps, args.repeats, folder, ranks)
                 config = load_config(
                     f"configs/{config_name}.yaml", [*config_sets, f"train.steps={args.steps}"]
                 )
-                prediction = predict(config, model)
+                prediction = predict(config, model, ranks=ranks)
                 error = prediction.step_seconds / step - 1
                 errors.append(abs(error))
                 gaps += [abs(a - b) for a, b in zip(bubbles, prediction.result.bubbles)]
@@ -98,6 +138,7 @@ def main() -> int:
                         " ".join(f"{b:.3f}" for b in prediction.result.bubbles),
                     )
                 )
+    print(f"CPU pressure at the end ({pressure()}), at the start ({start})")
     print("\n".join(columns(rows)))
     print(
         f"step time error: median {statistics.median(errors):.1%} (goal 5%), worst {max(errors):.1%} "

@@ -8,6 +8,7 @@ import json
 import statistics
 from collections import defaultdict
 
+import attrs
 import numpy as np
 import pytest
 
@@ -15,9 +16,9 @@ from actorflow.config import load_config
 from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
-from actorflow.simulate import CostModel, calibrate, predict
+from actorflow.simulate import CostModel, Link, calibrate, predict
 from actorflow.simulate.costs import fit
-from actorflow.simulate.predict import replayed_orders, unit_costs
+from actorflow.simulate.predict import meets, replayed_orders, unit_costs
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
@@ -126,6 +127,28 @@ def test_stream_threads_share_the_cores_and_wait_for_the_gil():
     # a woken thread waits for the GIL while another runs back to back, and gets it when
     # that one goes idle, long before a hand-over of a second
     assert makespan(run(64, 0.0)) < makespan(run(64, 1.0)) < 0.1
+
+
+@pytest.mark.parametrize(("name", "ranks"), [("default", 2), ("2x2", 2), ("2x2", 4)])
+def test_over_ranks_each_send_and_its_receive_end_together_after_the_transfer(name, ranks):
+    config = load_config(f"configs/{name}.yaml", ["train.steps=2"])
+    plan = compile_config(config, ranks)
+    wiring = wire(plan, None, allocate=False)
+    halves = meets(plan, wiring)
+    costs = unit_costs(plan, wiring, KNOWN)
+    assert {u.actor.kind for u in wiring.units if u.id in halves} == {"send", "recv"}
+    ran = simulate(wiring, plan.micro_batches, 2, 1, Timing(costs, meets=halves))
+    assert ran is not None
+    pairs = defaultdict(list)
+    for e in (e for stream in ran for e in stream if e.unit.id in halves):
+        pairs[(halves[e.unit.id], e.acts[0].number)].append(e)
+    assert pairs and all(len(p) == 2 for p in pairs.values())
+    for send, recv in pairs.values():
+        assert send.end == recv.end == max(send.start, recv.start) + costs[send.unit.id]
+    one = predict(config, KNOWN, ranks=1).step_seconds
+    assert (
+        predict(config, attrs.evolve(KNOWN, transport=Link(1e-3, 1e9)), ranks=ranks).step_seconds > one + 1e-3
+    )
 
 
 @pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])

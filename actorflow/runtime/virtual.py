@@ -19,6 +19,10 @@ interval at most; sooner where a kernel releases it long enough). Measured here:
 woken stream thread started, in the median, about when the busy one next went idle,
 not when its kernels released the GIL, which it mostly takes back first.
 
+A rank's communication stream (``comm``: its sends and receives) launches whatever can
+act without waiting for the last to end, as the transport does; a send and its
+receive end together (``Timing.meets``).
+
 Two callers: ``replay.schedule`` times every act one tick (``Timing`` None) to decide each
 stream's order ahead of a run; ``actorflow simulate`` times them by a cost model to
 predict a run.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -57,13 +61,17 @@ class Timing:
     u; ``launch`` what a stream spends per act around its kernel; ``hop`` a message from
     one stream's thread to another's; ``between`` the host's time from a run's end to
     the next one's start; ``host``: the threads share cores and GILs (None: each stream
-    runs as if alone)."""
+    runs as if alone); ``meets``: per unit that is one half of a transfer between ranks
+    (a send, a receive), the key its other half has: an act of it ends ``costs[u]``
+    after the later of the two halves' acts of the same number started (a synchronous
+    send: MPI's ``Issend`` and ``Irecv``)."""
 
     costs: Sequence[float]
     launch: float = 0.0
     hop: float = 0.0
     between: float = 0.0
     host: Host | None = None
+    meets: Mapping[int, Hashable] = attrs.Factory(dict)
 
 
 class Entry:
@@ -115,10 +123,16 @@ def simulate(
     freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
     ran: list[list[Entry]] = [[] for _ in queues]
     busy = [False] * len(queues)
+    comm = [s.stream.kind == "comm" for s in wiring.streams]
+    halves: dict[tuple[Hashable, int], Entry] = {}  # a send or receive whose other half did not start
     events: list[tuple[float, int, object, object]] = []  # (time, kind, order, what): ends, news, GIL
     sequence = 0
 
     def launch(k: int, now: float) -> None:
+        if comm[k]:
+            while (unit := queues[k].pop()) is not None:
+                start(k, unit, now)
+            return
         if cpus is not None and cpus.waiting[k] is not None:
             return
         unit = queues[k].pop()
@@ -134,6 +148,7 @@ def simulate(
             start(k, unit, now)
 
     def start(k: int, unit: Unit, now: float) -> None:
+        nonlocal sequence
         acts = [m.state.take() for m in unit.members]
         queues[k].requeue(unit)
         entry = Entry(unit, acts, k, per_step[unit.id], now + launch_s)  # its kernel's start
@@ -145,6 +160,17 @@ def simulate(
             for out in act.takes:
                 entry.deps.extend(freed_by.pop((actor, out, act.outputs[out]), ()))
         ran[k].append(entry)
+        if unit.id in timing.meets:
+            key = (timing.meets[unit.id], acts[0].number)
+            other = halves.pop(key, None)
+            if other is None:
+                halves[key] = entry
+            else:
+                for half in (entry, other):
+                    half.end = entry.start + costs[unit.id]
+                    heapq.heappush(events, (half.end, 0, (half.stream, -1 - sequence), half))
+                    sequence += 1
+            return
         busy[k] = True
         if cpus is None:
             entry.end = entry.start + costs[unit.id]
@@ -209,9 +235,9 @@ def simulate(
             while events and events[0][0] == now:
                 _, kind, _, what = heapq.heappop(events)
                 if kind == 0:
-                    if cpus is None:
+                    if cpus is None or not isinstance(what, tuple):
                         end(what, now)  # type: ignore[arg-type]
-                    elif (done := cpus.ended(what, now)) is not None:  # type: ignore[arg-type]
+                    elif (done := cpus.ended(what, now)) is not None:
                         for when, order, item in done[1]:
                             heapq.heappush(events, (when, 0, order, item))
                         end(done[0], now)

@@ -174,10 +174,12 @@ Across = Callable[[Collective], Callable]
 
 
 @cyclic_gc_paused()
-def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = True) -> Wiring:
+def wire(plan: Plan, rank: int | None, across: Across | None = None, allocate: bool = True) -> Wiring:
     """Everything ``rank`` runs of ``plan``, wired (see the module's docstring).
-    ``allocate=False``: no buffers, only their places (None), for a simulated run."""
-    local = [a for a in plan.actors if plan.rank_of(a.device) == rank]
+    ``allocate=False``: no buffers, only their places (None), for a simulated run;
+    ``rank`` None: what every rank runs, as one (a simulated run over ranks, where a
+    collective's unit holds every participant)."""
+    local = [a for a in plan.actors if rank in (None, plan.rank_of(a.device))]
     mine = {a.id for a in local}
     buffers = _allocate(plan, rank, local, allocate)
     slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
@@ -211,7 +213,9 @@ def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = T
         if not plan.overlap:
             devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
             unit.fences = [
-                s.id for s in plan.streams if s.rank == rank and s.kind == "compute" and s.device in devices
+                s.id
+                for s in plan.streams
+                if rank in (None, s.rank) and s.kind == "compute" and s.device in devices
             ]
     for actor in local:
         if actor.id not in in_collective:
@@ -226,7 +230,7 @@ def wire(plan: Plan, rank: int, across: Across | None = None, allocate: bool = T
 
     streams = []
     for stream in plan.streams:
-        if stream.rank != rank:
+        if rank not in (None, stream.rank):
             continue
         on_it = [u for u in units if u.stream == stream.id]
         if stream.kind == "collective":  # the collective order, as the plan lists collectives
@@ -255,10 +259,10 @@ def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
     return order
 
 
-def _allocate(plan: Plan, rank: int, local: list[Actor], allocate: bool) -> list[list[Any]]:
+def _allocate(plan: Plan, rank: int | None, local: list[Actor], allocate: bool) -> list[list[Any]]:
     """Every register buffer this rank holds or reads, allocated once: its quota of
     buffers, or a parameter's one, holding its initial value."""
-    held = {r.id for r in plan.registers if plan.rank_of(r.device) == rank}
+    held = {r.id for r in plan.registers if rank in (None, plan.rank_of(r.device))}
     held |= {i.register for a in local for i in a.inputs}
     initial = {p.register: p.value for p in plan.parameters}
     if not allocate:

@@ -61,6 +61,11 @@ class Link:
 NETWORK = Link(5e-6, 4e9)
 """Across nodes: what MPI between two ranks of this machine gave (DESIGN.md's facts,
 ~5 us small messages, 2-9 GB/s for 16 MiB); settable in the calibration file."""
+TRANSPORT = Link(50e-6, 2e9)
+"""Between ranks of one node, through actorflow's transport: MPI's shared memory and
+the transport thread's polling and wake-ups (a hop between ranks 90-103 us an
+iteration, a 1 MiB all-reduce over 2 ranks 0.6-1.3 ms: DESIGN.md's facts and
+``benchmarks/ranks.py``); settable in the calibration file."""
 
 
 @attrs.frozen
@@ -68,7 +73,7 @@ class CostModel:
     """``ops``: per op kind, (seconds a call, seconds a flop, seconds a byte); ``overall``:
     the same fitted over every kind, for a kind the measured run did not have;
     ``node`` and ``network``: the links within and across nodes of ``node_size``
-    devices; ``cores``: a machine's; ``handover``: how long a woken stream thread waits
+    devices, ``transport``: between ranks of one node; ``cores``: a machine's; ``handover``: how long a woken stream thread waits
     for its process's GIL while another runs acts back to back (at most CPython's switch
     interval; sooner where the runner's kernels release the GIL long enough for the
     woken one to take it); ``model``: the config's ``model`` section the fit was
@@ -81,6 +86,7 @@ class CostModel:
     between: float = 0.0
     node: Link = Link(1e-6, 10e9)
     network: Link = NETWORK
+    transport: Link = TRANSPORT
     node_size: int = 8
     cores: int = 2
     handover: float = 0.005
@@ -93,13 +99,14 @@ class CostModel:
             total += calls * a + flops * b + nbytes * c
         return total
 
-    def collective(self, op: str, nbytes: float, devices: Sequence[int]) -> float:
+    def collective(self, op: str, nbytes: float, devices: Sequence[int], ranks: int = 1) -> float:
         """The faster of ring and tree for ``op`` over ``devices`` (indices; every
-        ``node_size`` consecutive ones share a node) of ``nbytes`` a participant."""
+        ``node_size`` consecutive ones share a node) of ``nbytes`` a participant, who
+        are in ``ranks`` processes (within a node, between ranks, over ``transport``)."""
         nodes = len({d // self.node_size for d in devices})
         local = math.ceil(len(devices) / nodes)
         if nodes == 1:
-            return _flat(op, nbytes, local, self.node)
+            return _flat(op, nbytes, local, self.node if ranks == 1 else self.transport)
         # within each node a reduce-scatter (or gather), across nodes the rest on 1/local of it
         inner = _flat("reduce_scatter", nbytes, local, self.node) if local > 1 else 0.0
         return 2 * inner + _flat(op, nbytes / local, nodes, self.network)
@@ -117,12 +124,13 @@ class CostModel:
                 raise ValueError(f"not a calibration of format {FORMAT}")
             data["ops"] = {str(k): _three(v) for k, v in data["ops"].items()}
             data["overall"] = _three(data["overall"])
-            data["node"], data["network"] = Link(**data["node"]), Link(**data["network"])
+            for level in ("node", "network", "transport"):
+                data[level] = Link(**data[level])
             model = cls(**data)
             if (
                 model.node_size < 1
                 or model.cores < 1
-                or min(model.node.bandwidth, model.network.bandwidth) <= 0
+                or min(model.node.bandwidth, model.network.bandwidth, model.transport.bandwidth) <= 0
             ):
                 raise ValueError("a node of no devices, or a link of no bandwidth")
         except (ValueError, TypeError, KeyError, AttributeError) as e:

@@ -9,8 +9,11 @@ model gives: in the order the replay decided where the runtime would replay it
 span maker, so the report and the metrics are ``actorflow run``'s, from the same code
 (``training.runner.measure``).
 
-The plan is compiled for one process: ranks are a matter of the cost model (which
-devices share a node), not of the simulation.
+A plan over ranks (``ranks``) runs every rank's actors in one simulation
+(``wire(plan, None)``): each rank a process with its own GIL, on the machine of its
+devices' node; its sends and receives meet on the ranks' communication streams, a
+transfer over the link between them; a collective over ranks waits for every
+participant, then takes the alpha-beta time over the ranks' link.
 """
 
 from __future__ import annotations
@@ -48,10 +51,11 @@ class Prediction:
     step_seconds: float
 
 
-def predict(config: Config, model: CostModel, plan: Plan | None = None) -> Prediction:
-    """``config``'s run as the cost model times it (see the module's docstring)."""
-    plan = plan or compile_config(config, 1)
-    wiring = wire(plan, 0, allocate=False)
+def predict(config: Config, model: CostModel, plan: Plan | None = None, ranks: int = 1) -> Prediction:
+    """``config``'s run over ``ranks`` as the cost model times it (see the module's
+    docstring)."""
+    plan = plan or compile_config(config, ranks)
+    wiring = wire(plan, None, allocate=False)
     entries, step_seconds, ordered_by = _clock(config, plan, wiring, model)
     chrome = spans(plan, entries)
     result = measure(
@@ -75,9 +79,12 @@ def _clock(config: Config, plan: Plan, wiring: Wiring, model: CostModel) -> tupl
     takes (the host's time between steps included), and how the run orders its acts."""
     orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
     steps = min(config.train.steps, SIMULATED_STEPS)
-    streams = len(wiring.streams)
-    host = Host([0] * streams, [0] * streams, model.cores, model.handover)
-    timing = Timing(unit_costs(plan, wiring, model), model.launch, model.hop, model.between, host)
+    node = rank_nodes(plan, model)
+    process = [s.stream.rank for s in wiring.streams]
+    host = Host(process, [node[r] for r in process], model.cores, model.handover)
+    timing = Timing(
+        unit_costs(plan, wiring, model), model.launch, model.hop, model.between, host, meets(plan, wiring)
+    )
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
@@ -99,17 +106,49 @@ def replayed_orders(plan: Plan, wiring: Wiring, order: str) -> tuple[list[list[U
     return orders, "replay"
 
 
-def unit_costs(plan: Plan, wiring: Wiring, model: CostModel) -> list[float]:
-    """Seconds an act of each unit takes: a collective's and a copy across nodes by the
-    links, any other kernel by its parts' op kinds."""
+def rank_nodes(plan: Plan, model: CostModel) -> list[int]:
+    """Per rank, the node (machine) it runs on: its first device's."""
     place = device_places(plan)
+    first = [len(place)] * plan.world
+    for device, k in place.items():
+        rank = plan.rank_of(device)
+        first[rank] = min(first[rank], k)
+    return [k // model.node_size for k in first]
+
+
+def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
+    """Per send and receive unit, (from rank, to rank, tag): what its other half shares."""
+    found = {}
+    for unit in wiring.units:
+        actor = unit.actor
+        if actor.kind in ("send", "recv"):
+            here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
+            found[unit.id] = (
+                (here, peer, actor.attrs["tag"]) if actor.kind == "send" else (peer, here, actor.attrs["tag"])
+            )
+    return found
+
+
+def unit_costs(plan: Plan, wiring: Wiring, model: CostModel) -> list[float]:
+    """Seconds an act of each unit takes: a collective's, a transfer's between ranks and
+    a copy's across nodes by the links, any other kernel by its parts' op kinds."""
+    place = device_places(plan)
+    node = rank_nodes(plan, model)
     costs = []
     for unit in wiring.units:
         actor = unit.actor
         if actor.kind == "collective":
             nbytes = sum(plan.registers[o].nbytes for o in actor.outputs)
             op = "all_reduce" if actor.op.endswith("all_reduce") else actor.op
-            costs.append(model.collective(op, nbytes, [place[m.actor.device] for m in unit.members]))
+            devices = [m.actor.device for m in unit.members]
+            ranks = len({plan.rank_of(d) for d in devices})
+            costs.append(model.collective(op, nbytes, [place[d] for d in devices], ranks))
+            continue
+        if actor.kind in ("send", "recv"):
+            here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
+            link = model.transport if node[here] == node[peer] else model.network
+            registers = [i.register for i in actor.inputs] + list(actor.outputs)
+            costs.append(link.seconds(sum(plan.registers[r].nbytes for r in registers)))
             continue
         nodes = {place[plan.registers[r].device] // model.node_size for r in _moved(actor, plan)}
         if actor.kind == "copy" and len(nodes) > 1:
@@ -244,7 +283,7 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float) ->
     for _ in range(20):
         mid = (lo + hi) / 2
         trial = attrs.evolve(model, handover=mid, between=0.0)
-        _, seconds, _ = _clock(config, plan, wire(plan, 0, allocate=False), trial)
+        _, seconds, _ = _clock(config, plan, wire(plan, None, allocate=False), trial)
         lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
     return attrs.evolve(model, handover=lo, between=max(0.0, model.between - model.launch))
 
