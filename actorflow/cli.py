@@ -291,7 +291,7 @@ def _simulate(config, args) -> int:
 
     from .files import check_outputs, replaced, write_json
     from .simulate import CalibrationError, CostModel, calibrate, predict
-    from .simulate.layouts import parse_layout, search, with_layout
+    from .simulate.layouts import parse_layout, predict_layout, search
     from .trace.recorder import write_chrome
     from .training.report import metrics, table
 
@@ -329,8 +329,16 @@ def _simulate(config, args) -> int:
                 )
             return 0
         if args.layout:
-            config = with_layout(config, *parse_layout(args.layout))
-        prediction = predict(config, model, ranks=args.ranks)
+            layout = parse_layout(args.layout)
+            config, prediction = predict_layout(
+                config, model, layout, ranks=args.ranks if args.ranks > 1 else None
+            )
+            print(
+                f"one of {layout[0]} data-parallel replicas simulated over {layout[1] * layout[2]} devices in "
+                f"{args.ranks if args.ranks > 1 else layout[2]} ranks; its gradients' all-reduce charged by the links"
+            )
+        else:
+            prediction = predict(config, model, ranks=args.ranks)
     except (CompileError, ConfigError) as err:
         print(f"actorflow simulate: error: {err}", file=sys.stderr)
         return 2

@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from actorflow.config import load_config
+from actorflow.graph.builder import is_shape_only
 from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, predict
 from actorflow.simulate.costs import fit
+from actorflow.simulate.layouts import predict_layout
 from actorflow.simulate.predict import meets, replayed_orders, unit_costs
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
@@ -149,6 +151,30 @@ def test_over_ranks_each_send_and_its_receive_end_together_after_the_transfer(na
     assert (
         predict(config, attrs.evolve(KNOWN, transport=Link(1e-3, 1e9)), ranks=ranks).step_seconds > one + 1e-3
     )
+
+
+@pytest.mark.parametrize("name", ["2x2", "transformer"])
+def test_a_plan_of_shape_only_parameters_is_the_plan_and_holds_no_values(name):
+    config = load_config(f"configs/{name}.yaml", ["train.optimizer.shard=true"] if name == "2x2" else [])
+    real, shaped = compile_config(config, 1), compile_config(config, 1, values=False)
+    assert [(a.name, a.inputs, a.outputs) for a in shaped.actors] == [
+        (a.name, a.inputs, a.outputs) for a in real.actors
+    ]
+    assert shaped.memory == real.memory
+    assert all(p.value.shape == q.value.shape for p, q in zip(shaped.parameters, real.parameters))
+    assert (
+        sum(p.value.nbytes for p in shaped.parameters if not is_shape_only(p.value)) < 2**16
+    )  # biases, gains
+
+
+def test_a_layout_is_one_replica_with_the_data_parallel_all_reduce_charged():
+    config = load_config("configs/transformer.yaml", ["train.steps=2", "parallel.micro_batches=4"])
+    replica, one = predict_layout(config, KNOWN, (1, 2, 2))
+    assert replica.parallel.data_parallel == 1 and replica.train.batch_size == 32
+    half, two = predict_layout(config, KNOWN, (2, 2, 2))
+    assert half.train.batch_size == 16 and two.step_seconds < one.step_seconds  # half the batch a replica
+    slow = attrs.evolve(KNOWN, network=Link(1e-3, 1e6), node_size=2)
+    assert predict_layout(config, slow, (2, 2, 2))[1].step_seconds > two.step_seconds + 1e-3
 
 
 @pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import CompileError
+from ..graph.builder import is_shape_only
 from ..graph.ir import OptimizerShard
 from ..ops import kernels
 from ..plan import Actor, Collective, Consumer, Input, Plan, Register
@@ -116,7 +117,8 @@ class _Edit:
         self.registers[reg.id] = evolve(reg, shape=_sliced(reg.shape, axis, n))
         if reg.id in self.parameter_of:
             param = self.parameters[self.parameter_of[reg.id]]
-            value = np.ascontiguousarray(np.split(param.value, n, axis=axis)[k])
+            value = np.split(param.value, n, axis=axis)[k]
+            value = value if is_shape_only(value) else np.ascontiguousarray(value)
             self.parameters[param.name] = evolve(param, value=value)
 
     def _gather(self, var: Register, update: Actor, full: tuple[int, ...], spec: OptimizerShard) -> int:

@@ -146,12 +146,25 @@ def placeholder(name: str, shape: Sequence[int], dtype: Any = "float32", device:
     return t
 
 
+def shape_only(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """A parameter's value with its shape and dtype and no data (one zero, seen
+    everywhere: a read-only view of no memory), for a graph that is compiled to be
+    simulated, never run (``actorflow simulate``)."""
+    return np.broadcast_to(np.zeros((), dtype), tuple(shape))
+
+
+def is_shape_only(value: Any) -> bool:
+    """Whether ``value`` is a ``shape_only`` one (or another view that holds one element)."""
+    return isinstance(value, np.ndarray) and value.size > 1 and not any(value.strides)
+
+
 def parameter(name: str, value: Any, device: str = "cpu:0", *, state: bool = False) -> Tensor:
-    """A tensor that lives on its device across iterations, starting at ``value``.
+    """A tensor that lives on its device across iterations, starting at ``value`` (copied,
+    but for a ``shape_only`` one).
 
     ``state``: an optimizer's own tensor (momentum, moments), not a model parameter.
     """
-    value = np.array(value)
+    value = value if is_shape_only(value) else np.array(value)
     (t,) = add_node(
         "parameter",
         [],

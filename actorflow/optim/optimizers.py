@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ..graph.builder import add_node, check_inputs, fail, parameter
+from ..graph.builder import add_node, check_inputs, fail, is_shape_only, parameter, shape_only
 from ..graph.ir import Tensor
 from ..ops.registry import register
 from . import kernels
@@ -32,6 +32,13 @@ def _state(param: Tensor, suffix: str, value) -> Tensor:
     return parameter(f"{param.name}.{suffix}", value, param.device, state=True)
 
 
+def _zeros(param: Tensor) -> np.ndarray:
+    """The initial value of ``param``'s state: zeros, or of shape only as ``param``'s."""
+    if is_shape_only(param.graph.nodes[param.node].attrs.get("value")):
+        return shape_only(param.shape, param.dtype)
+    return np.zeros(param.shape, param.dtype)
+
+
 @attrs.frozen
 class SGD:
     """p -= lr * g, or with momentum: v = momentum * v + g; p -= lr * v."""
@@ -41,7 +48,7 @@ class SGD:
 
     def update(self, param: Tensor, grad: Tensor) -> None:
         _check("sgd_update", param, grad)
-        states = [_state(param, "momentum", np.zeros(param.shape, param.dtype))] if self.momentum else []
+        states = [_state(param, "momentum", _zeros(param))] if self.momentum else []
         attrs_ = {"lr": float(self.lr), "momentum": float(self.momentum)}
         add_node("sgd_update", [param, grad, *states], [], attrs_, f"{param.name}.sgd_update")
 
@@ -56,7 +63,7 @@ class Adam:
 
     def update(self, param: Tensor, grad: Tensor) -> None:
         _check("adam_update", param, grad)
-        zeros = np.zeros(param.shape, param.dtype)
+        zeros = _zeros(param)
         states = [
             _state(param, "adam_m", zeros),
             _state(param, "adam_v", zeros),

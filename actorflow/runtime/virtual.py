@@ -125,6 +125,7 @@ def simulate(
     busy = [False] * len(queues)
     comm = [s.stream.kind == "comm" for s in wiring.streams]
     halves: dict[tuple[Hashable, int], Entry] = {}  # a send or receive whose other half did not start
+    touched: set[int] = set()  # the streams that heard news or ended an act: those that may launch
     events: list[tuple[float, int, object, object]] = []  # (time, kind, order, what): ends, news, GIL
     sequence = 0
 
@@ -194,12 +195,14 @@ def simulate(
 
     def hear(news: tuple) -> None:
         member, out, buffer, slot = news
+        k = index[member.unit.stream]
+        touched.add(k)
         if slot < 0:
             if member.state.on_free(out, buffer):
-                queues[index[member.unit.stream]].dirty(member.unit)
+                queues[k].dirty(member.unit)
         else:
             member.state.on_ready(slot, buffer)
-            queues[index[member.unit.stream]].dirty(member.unit)
+            queues[k].dirty(member.unit)
 
     def end(entry: Entry, now: float) -> None:
         k = entry.stream
@@ -219,6 +222,7 @@ def simulate(
                     tell(consumer.unit, now, k, (consumer, out, buffer, slot))
             member.state.complete()
         busy[k] = False
+        touched.add(k)
 
     now = 0.0
     for run in range(runs):
@@ -245,9 +249,10 @@ def simulate(
                     hear(what)  # type: ignore[arg-type]
                 elif cpus is not None and (woken := cpus.switched(*what)) is not None:  # type: ignore[misc]
                     start(woken, cpus.admit(woken), now)
-            for k in range(len(queues)):
+            for k in sorted(touched):
                 if not busy[k]:
                     launch(k, now)
+            touched.clear()
         if any(m.state.acts_left for m in wiring.members.values()):
             return None  # it stalls: the drivers will say where, when it does
     return ran

@@ -8,7 +8,7 @@ import attrs
 from ..config import Config, parse_config
 from ..errors import CompileError, ConfigError
 from .costs import CostModel
-from .predict import predict
+from .predict import Prediction, predict
 
 SCHEDULES = ("1f1b", "zb1", "gpipe")
 
@@ -32,11 +32,14 @@ def with_layout(
     pipeline: int,
     micro_batches: int | None = None,
     schedule: str | None = None,
+    batch_size: int | None = None,
 ) -> Config:
     """``config`` over data x tensor x pipeline devices (``cpu:0`` on), replacing its
     ``parallel.stages`` (stage s holds the next data x tensor devices, each tensor-parallel
     group consecutive), checked as a config is."""
     raw = config.to_dict()
+    if batch_size is not None:
+        raw["train"] = raw["train"] | {"batch_size": batch_size}
     width = data * tensor
     parallel = raw["parallel"] | {
         "stages": [[f"cpu:{s * width + k}" for k in range(width)] for s in range(pipeline)],
@@ -52,6 +55,32 @@ def with_layout(
     if schedule is not None:
         parallel["schedule"] = schedule
     return parse_config(raw | {"parallel": parallel}, source=f"layout {data},{tensor},{pipeline}")
+
+
+def predict_layout(
+    config: Config,
+    model: CostModel,
+    layout: tuple[int, int, int],
+    micro_batches: int | None = None,
+    schedule: str | None = None,
+    ranks: int | None = None,
+) -> tuple[Config, Prediction]:
+    """``config`` over a data x tensor x pipeline layout, predicted by symmetry: the data-
+    parallel replicas run the same acts at the same times, so one replica (its share of
+    the batch, over tensor x pipeline devices) is simulated and each update charged its
+    gradient's all-reduce over the replicas (``predict``'s ``replicas``): the plan and the
+    simulation grow with tensor x pipeline, not with the devices. ``ranks``: default one a
+    pipeline stage, as a cluster runs (each stage's devices a process on one machine).
+    Returns the replica's config and its prediction."""
+    data, tensor, pipeline = layout
+    if config.train.batch_size % data:
+        raise ConfigError(
+            f"--layout: train.batch_size {config.train.batch_size} is not a multiple of {data} replicas"
+        )
+    replica = with_layout(
+        config, 1, tensor, pipeline, micro_batches, schedule, config.train.batch_size // data
+    )
+    return replica, predict(replica, model, ranks=ranks or pipeline, replicas=data)
 
 
 @attrs.frozen
@@ -79,8 +108,7 @@ def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> lis
             for m in (p, 2 * p, 4 * p):
                 for schedule in SCHEDULES:
                     try:
-                        trial = with_layout(config, d, t, p, m, schedule)
-                        prediction = predict(trial, model)
+                        _, prediction = predict_layout(config, model, (d, t, p), m, schedule)
                     except (ConfigError, CompileError):
                         continue
                     peak = max(prediction.result.memory.values(), default=0)

@@ -51,12 +51,16 @@ class Prediction:
     step_seconds: float
 
 
-def predict(config: Config, model: CostModel, plan: Plan | None = None, ranks: int = 1) -> Prediction:
+def predict(
+    config: Config, model: CostModel, plan: Plan | None = None, ranks: int = 1, replicas: int = 1
+) -> Prediction:
     """``config``'s run over ``ranks`` as the cost model times it (see the module's
-    docstring)."""
-    plan = plan or compile_config(config, ranks)
+    docstring). ``replicas``: the config is one of that many data-parallel replicas (the
+    ``layouts.predict_layout`` symmetry): each update first all-reduces its gradient
+    over the replicas, timed by the links."""
+    plan = plan or compile_config(config, ranks, values=False)
     wiring = wire(plan, None, allocate=False)
-    entries, step_seconds, ordered_by = _clock(config, plan, wiring, model)
+    entries, step_seconds, ordered_by = _clock(config, plan, wiring, model, replicas)
     chrome = spans(plan, entries)
     result = measure(
         config,
@@ -74,7 +78,9 @@ def predict(config: Config, model: CostModel, plan: Plan | None = None, ranks: i
     return Prediction(result, chrome, step_seconds)
 
 
-def _clock(config: Config, plan: Plan, wiring: Wiring, model: CostModel) -> tuple[list[Entry], float, str]:
+def _clock(
+    config: Config, plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1
+) -> tuple[list[Entry], float, str]:
     """The simulated acts of up to ``SIMULATED_STEPS`` one-step runs, the seconds a step
     takes (the host's time between steps included), and how the run orders its acts."""
     orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
@@ -83,7 +89,12 @@ def _clock(config: Config, plan: Plan, wiring: Wiring, model: CostModel) -> tupl
     process = [s.stream.rank for s in wiring.streams]
     host = Host(process, [node[r] for r in process], model.cores, model.handover)
     timing = Timing(
-        unit_costs(plan, wiring, model), model.launch, model.hop, model.between, host, meets(plan, wiring)
+        unit_costs(plan, wiring, model, replicas, config.parallel.tensor_parallel),
+        model.launch,
+        model.hop,
+        model.between,
+        host,
+        meets(plan, wiring),
     )
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
     if ran is None:
@@ -129,20 +140,34 @@ def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
     return found
 
 
-def unit_costs(plan: Plan, wiring: Wiring, model: CostModel) -> list[float]:
+def unit_costs(
+    plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1, tensor_parallel: int = 1
+) -> list[float]:
     """Seconds an act of each unit takes: a collective's, a transfer's between ranks and
-    a copy's across nodes by the links, any other kernel by its parts' op kinds."""
+    a copy's across nodes by the links, any other kernel by its parts' op kinds; an
+    update's, with ``replicas``, after its gradient's all-reduce over them (replica r's
+    devices follow replica 0's in each stage of ``tensor_parallel`` devices a replica,
+    as ``layouts.with_layout`` places them)."""
     place = device_places(plan)
     node = rank_nodes(plan, model)
     costs = []
     for unit in wiring.units:
         actor = unit.actor
+        if actor.kind == "update" and replicas > 1:
+            stage, k = divmod(place[actor.device], tensor_parallel)
+            replica_places = [(stage * replicas + r) * tensor_parallel + k for r in range(replicas)]
+            gradient = plan.registers[actor.inputs[0].register].nbytes
+            costs.append(
+                model.collective("all_reduce", gradient, replica_places)
+                + model.seconds(features(plan, actor))
+            )
+            continue
         if actor.kind == "collective":
             nbytes = sum(plan.registers[o].nbytes for o in actor.outputs)
             op = "all_reduce" if actor.op.endswith("all_reduce") else actor.op
-            devices = [m.actor.device for m in unit.members]
-            ranks = len({plan.rank_of(d) for d in devices})
-            costs.append(model.collective(op, nbytes, [place[d] for d in devices], ranks))
+            members = [m.actor.device for m in unit.members]
+            ranks = len({plan.rank_of(d) for d in members})
+            costs.append(model.collective(op, nbytes, [place[d] for d in members], ranks))
             continue
         if actor.kind in ("send", "recv"):
             here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
@@ -194,7 +219,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     if "rank" in other:
         raise CalibrationError(f"{where}: a rank's trace; calibrate on a run of one process")
     config = parse_config(other["config"], source=where)
-    plan = compile_config(config, 1)
+    plan = compile_config(config, 1, values=False)
     wiring = wire(plan, 0, allocate=False)
     trace = parse(chrome)
     durations: dict[str, list[float]] = defaultdict(list)

@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..graph.builder import shape_only
 from ..graph.ir import Graph, Tensor
 from ..parallel import B, GlobalTensor, S, output, parameter, placeholder, recompute
 from . import parameter_server, transformer
@@ -19,28 +20,32 @@ from .optimizer import minimize_loss
 ACTIVATIONS = {"relu": ops.relu, "tanh": ops.tanh, "gelu": ops.gelu}
 
 
-def initial_parameters(config: Config) -> dict[str, np.ndarray]:
+def initial_parameters(config: Config, values: bool = True) -> dict[str, np.ndarray]:
     """w{k} ~ N(0, 1/fan_in) and b{k} = 0 for each layer k, from data.seed (the
-    transformer's: see ``transformer.initial_parameters``)."""
+    transformer's: see ``transformer.initial_parameters``); ``values`` False: the weights
+    of shape only (``shape_only``)."""
     if config.model.kind == "transformer":
-        return transformer.initial_parameters(config)
+        return transformer.initial_parameters(config, values)
     rng = np.random.default_rng(config.data.seed + 1)
     sizes, dtype = config.model.sizes, config.model.dtype
-    values = {}
+    initial = {}
     for k, (a, b) in enumerate(zip(sizes, sizes[1:])):
-        values[f"w{k}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype)
-        values[f"b{k}"] = np.zeros(b, dtype)
-    return values
+        initial[f"w{k}"] = (
+            (rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype) if values else shape_only((a, b), dtype)
+        )
+        initial[f"b{k}"] = np.zeros(b, dtype)
+    return initial
 
 
-def build_graph(config: Config) -> Graph:
+def build_graph(config: Config, values: bool = True) -> Graph:
     """Feeds ``x`` (micro-batch, features) and ``labels`` (micro-batch,); outputs ``loss``
-    (the transformer's: see ``transformer.build_graph``)."""
+    (the transformer's: see ``transformer.build_graph``); ``values``: see
+    ``initial_parameters``."""
     if config.model.kind == "transformer":
-        return transformer.build_graph(config)
+        return transformer.build_graph(config, values=values)
     stages = [_placement(config, stage) for stage in config.parallel.stages]
     sbp = S(0) if config.parallel.data_parallel > 1 else None
-    params = initial_parameters(config)
+    params = initial_parameters(config, values)
     served = parameter_server.placement(config, params)
     activation = ACTIVATIONS[config.model.activation]
     rows, dtype = config.micro_batch_size, config.model.dtype

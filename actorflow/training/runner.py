@@ -89,11 +89,12 @@ class RunResult:
     """The step the run began after: 0, or its checkpoint's when resumed."""
 
 
-def compile_config(config: Config, ranks: int | None = None) -> Plan:
-    """The config's plan; ``ranks``: for that many ranks (default: as the launcher started)."""
+def compile_config(config: Config, ranks: int | None = None, values: bool = True) -> Plan:
+    """The config's plan; ``ranks``: for that many ranks (default: as the launcher started);
+    ``values`` False: parameters of shape only, for a plan simulated, never run."""
     parallel, runtime = config.parallel, config.runtime
     return compile(
-        build_graph(config),
+        build_graph(config, values),
         quota=runtime.quota,
         priority=runtime.priority,
         fusion=runtime.fusion,

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
+from ..graph.builder import shape_only
 from ..graph.ir import Graph
 from ..parallel import B, GlobalTensor, P, S, box, gradients, output, parameter, placeholder, recompute
 from ..parallel.sbp import SBP
@@ -31,44 +32,45 @@ from .optimizer import minimize_loss, optimizer
 COLUMN, ROW = S(1), S(0)
 
 
-def initial_parameters(config: Config) -> dict[str, np.ndarray]:
+def initial_parameters(config: Config, values: bool = True) -> dict[str, np.ndarray]:
     """Embeddings ~ N(0, 0.02), weights ~ N(0, 1/fan_in), layer-norm gains 1, biases 0,
-    from data.seed."""
+    from data.seed; ``values`` False: the matrices of shape only (``shape_only``)."""
     model = config.model
     rng = np.random.default_rng(config.data.seed + 1)
     d, v, dtype = model.d_model, model.vocab, model.dtype
 
     def normal(shape, std):
-        return (rng.standard_normal(shape) * std).astype(dtype)
+        return (rng.standard_normal(shape) * std).astype(dtype) if values else shape_only(shape, dtype)
 
-    values = {"embedding": normal((v, d), 0.02), "position": normal((model.seq_len, d), 0.02)}
+    made = {"embedding": normal((v, d), 0.02), "position": normal((model.seq_len, d), 0.02)}
     for k in range(model.layers):
         for name in ("wq", "wk", "wv", "wo"):
-            values[f"h{k}.{name}"] = normal((d, d), 1 / math.sqrt(d))
-        values[f"h{k}.w1"] = normal((d, 4 * d), 1 / math.sqrt(d))
-        values[f"h{k}.w2"] = normal((4 * d, d), 1 / math.sqrt(4 * d))
+            made[f"h{k}.{name}"] = normal((d, d), 1 / math.sqrt(d))
+        made[f"h{k}.w1"] = normal((d, 4 * d), 1 / math.sqrt(d))
+        made[f"h{k}.w2"] = normal((4 * d, d), 1 / math.sqrt(4 * d))
         for name, size in (("bo", d), ("b1", 4 * d), ("b2", d), ("ln1.beta", d), ("ln2.beta", d)):
-            values[f"h{k}.{name}"] = np.zeros(size, dtype)
+            made[f"h{k}.{name}"] = np.zeros(size, dtype)
         for name in ("ln1.gamma", "ln2.gamma"):
-            values[f"h{k}.{name}"] = np.ones(d, dtype)
-    values["ln.gamma"], values["ln.beta"] = np.ones(d, dtype), np.zeros(d, dtype)
-    values["head"] = normal((d, v), 1 / math.sqrt(d))
-    return values
+            made[f"h{k}.{name}"] = np.ones(d, dtype)
+    made["ln.gamma"], made["ln.beta"] = np.ones(d, dtype), np.zeros(d, dtype)
+    made["head"] = normal((d, v), 1 / math.sqrt(d))
+    return made
 
 
 TENSOR_PARALLEL = {"wq": COLUMN, "wk": COLUMN, "wv": COLUMN, "w1": COLUMN, "wo": ROW, "w2": ROW}
 """The Megatron annotations: a block's weights and their SBP over a tensor-parallel group."""
 
 
-def build_graph(config: Config, annotated: Collection[str] | None = None) -> Graph:
+def build_graph(config: Config, annotated: Collection[str] | None = None, values: bool = True) -> Graph:
     """Feeds ``x`` (micro-batch, seq_len) character ids and ``labels`` (the next ones);
     outputs ``loss``, the mean cross-entropy per character. ``annotated``: the
     placeholders and parameters that keep their SBP over several devices (default:
-    all); the compiler chooses the others' (``compiler.sbp_search``)."""
+    all); the compiler chooses the others' (``compiler.sbp_search``); ``values``: see
+    ``initial_parameters``."""
     par = config.parallel
     if par.data_parallel > 1 and par.tensor_parallel > 1:
-        return _data_and_tensor_parallel(config)
-    values = initial_parameters(config)
+        return _data_and_tensor_parallel(config, values)
+    initial = initial_parameters(config, values)
     stages = [list(stage) if len(stage) > 1 else stage[0] for stage in par.stages]
     data_sbp = S(0) if par.data_parallel > 1 else B if par.tensor_parallel > 1 else None
 
@@ -77,8 +79,8 @@ def build_graph(config: Config, annotated: Collection[str] | None = None) -> Gra
 
     def param(name: str, stage, tensor_parallel: SBP = B):
         if par.tensor_parallel > 1:
-            return parameter(name, values[name], stage, sbp(name, tensor_parallel))
-        return parameter(name, values[name], stage, sbp(name, B) if par.data_parallel > 1 else None)
+            return parameter(name, initial[name], stage, sbp(name, tensor_parallel))
+        return parameter(name, initial[name], stage, sbp(name, B) if par.data_parallel > 1 else None)
 
     rows, seq = config.micro_batch_size, config.model.seq_len
     with Graph() as graph:
@@ -127,7 +129,7 @@ def _forward(config: Config, stages: list, rows: int, ids, labels, param) -> Any
     return ops.softmax_cross_entropy(logits, ops.reshape(labels, (rows * seq,)))
 
 
-def _data_and_tensor_parallel(config: Config) -> Graph:
+def _data_and_tensor_parallel(config: Config, values: bool) -> Graph:
     """Tensor and data parallelism at once, without a 2-D device mesh: each stage's
     devices form data_parallel groups of tensor_parallel consecutive ones, and replica r
     is the model built on the r-th group of every stage, Megatron-style, with its own
@@ -138,7 +140,7 @@ def _data_and_tensor_parallel(config: Config) -> Graph:
     update; the loss is the replicas' mean."""
     par, seq = config.parallel, config.model.seq_len
     dp, tp = par.data_parallel, par.tensor_parallel
-    values = initial_parameters(config)
+    initial = initial_parameters(config, values)
     replicas = [[list(stage[r * tp : (r + 1) * tp]) for stage in par.stages] for r in range(dp)]
     with Graph() as graph:
         first = [groups[0][0] for groups in replicas]
@@ -151,7 +153,7 @@ def _data_and_tensor_parallel(config: Config) -> Graph:
 
             def param(name: str, stage, tensor_parallel: SBP = B, r=r, made=made):
                 made[name] = parameter(
-                    name if r == 0 else f"{name}@{r}", values[name], stage, tensor_parallel
+                    name if r == 0 else f"{name}@{r}", initial[name], stage, tensor_parallel
                 )
                 return made[name]
 
