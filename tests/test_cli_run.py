@@ -214,6 +214,22 @@ def test_compile_honours_set_overrides(capsys, tiny):
 
 
 @pytest.mark.usefixtures("no_running")
+def test_switching_the_optimizer_kind_drops_momentum_and_says_so(capsys, tmp_path):
+    path = tmp_path / "momentum.yaml"
+    path.write_text(TINY_YAML.replace("lr: 0.1}", "lr: 0.1, momentum: 0.9}"))
+    code, _, err = run_cli(capsys, "compile", str(path), "--set", "train.optimizer.kind=adam")
+    assert code == 0, err
+    assert err == (
+        "actorflow compile: --set train.optimizer.kind=adam: dropped train.optimizer.momentum, "
+        "which adam does not take\n"
+    )
+    code, _, err = run_cli(capsys, "compile", str(path), "--set", "train.optimizer.beta1=0.5")
+    assert code == 2 and "--set train.optimizer.beta1=null" in err
+    code, _, err = run_cli(capsys, "compile", str(path), "--set", "train.optimizer.momentum=null")
+    assert code == 0 and err == ""
+
+
+@pytest.mark.usefixtures("no_running")
 def test_compile_shows_the_streams_of_each_rank_against_the_limit(capsys, tiny):
     plan = compile_config(load_config(tiny, ["runtime.max_streams=9"]))
     code, out, err = run_cli(capsys, "compile", str(tiny), "--set", "runtime.max_streams=9")
