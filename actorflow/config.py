@@ -748,8 +748,6 @@ def _check_parameter_server(config: Config) -> None:
         return
     _at_least("parallel.parameter_server.servers", ps.servers, 1)
     _at_least("parallel.parameter_server.staleness", ps.staleness, 0)
-    if ps.mode == "async":
-        raise _fail("parallel.parameter_server.mode", "async is not implemented yet; use sync")
     if ps.staleness and ps.mode == "sync":
         raise _fail("parallel.parameter_server.staleness", "only async mode lets a worker run ahead")
     if config.model.kind != "mlp":

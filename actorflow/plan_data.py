@@ -293,6 +293,12 @@ class PlanData:
         accumulate's, which needs to know the first and last micro-batch of a step)."""
         return max((self.period(actor, o) for o in actor.outputs if not self.registers[o].control), default=1)
 
+    def as_arriving(self, actor: Actor) -> bool:
+        """Whether ``actor`` is an update of a parameter with no variable, one of the
+        several that apply its workers' gradients as they arrive (async parameter servers;
+        see ``compiler.expand``)."""
+        return actor.kind == "update" and self.registers[actor.inputs[0].register].is_parameter
+
     def stage_of(self, device: str) -> int | None:
         """The pipeline stage holding ``device``, or None (not in a stage, or no stages)."""
         return next((k for k, devices in enumerate(self.stages) if device in devices), None)

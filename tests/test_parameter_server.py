@@ -1,7 +1,8 @@
 """Parameter-server training: the parameters sharded over the servers by bytes, sync
 training equal to data-parallel training step for step (float64, 1e-9) for 1 and 2
-servers and 2 and 3 workers, in one process and over ranks; compile says which rank is
-what and what each server holds and moves."""
+servers and 2 and 3 workers, in one process and over ranks; async training's loss
+falling with its staleness within its bound; compile says which rank is what and what
+each server holds and moves."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actorflow.config import parse_config
+from actorflow.config import load_config, parse_config
 from actorflow.errors import ConfigError
 from actorflow.training import checkpoint, compile_config, train
 from actorflow.training.parameter_server import assign, rank_devices
@@ -81,6 +82,25 @@ def test_compile_says_which_rank_is_what_and_each_server_s_bytes_and_traffic(cap
     assert all("MiB of parameters and optimizer state; a step, " in r and "pushed" in r for r in roles[2:])
 
 
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_async_training_s_loss_falls_on_the_default_task_and_its_staleness_stays_within_k(staleness):
+    config = load_config(
+        "configs/parameter_server.yaml",
+        [
+            "train.steps=24",
+            "parallel.parameter_server.mode=async",
+            f"parallel.parameter_server.staleness={staleness}",
+        ],
+    )
+    result = train(config)
+    assert np.mean(result.losses[-4:]) < 0.95 * np.mean(result.losses[:4])
+    assert result.staleness is not None
+    mean, most = result.staleness
+    assert 0 <= mean <= most <= staleness
+    if staleness == 0:  # every worker's update of step j is in before any pull of step j + 1
+        assert most == 0
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -128,6 +148,26 @@ def test_sync_training_over_ranks_equals_data_parallel_training(tmp_path):
     assert code == 0, out
     reference = train(_config(2))
     np.testing.assert_allclose(json.loads(metrics.read_text())["losses"], reference.losses, rtol=0, atol=1e-9)
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(120)
+def test_async_training_over_ranks_counts_staleness_within_k(tmp_path):
+    from ranks import launch
+
+    path = tmp_path / "ps.yaml"
+    path.write_text(
+        MODEL.replace("steps: 5", "steps: 20")
+        + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, "
+        "parameter_server: {servers: 2, mode: async, staleness: 1}}\n"
+    )
+    metrics = tmp_path / "m.json"
+    code, out = launch(
+        4, sys.executable, "-m", "actorflow.cli", "run", str(path), "--quiet", "--metrics", str(metrics), timeout=90
+    )
+    assert code == 0, out
+    staleness = json.loads(metrics.read_text())["staleness"]
+    assert 0 <= staleness["mean"] <= staleness["max"] <= 1
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:

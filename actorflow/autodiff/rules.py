@@ -273,3 +273,13 @@ def _mse_loss(node, ins, outs, douts):
 def _softmax_cross_entropy(node, ins, outs, douts):
     logits, labels = ins
     return [ops.softmax_cross_entropy_grad(douts[0], logits, labels), None]
+
+
+# -- parameter servers -------------------------------------------------------------------
+
+
+@rule("snapshot")
+def _snapshot(node, ins, outs, douts):
+    """An async pull's gradient is its worker's, which an update of its own takes
+    (``optim.update_as_arriving``): none flows on into the parameter."""
+    return [None, None]

@@ -4,10 +4,15 @@ Ops that no output or update depends on are dropped, except placeholders: a decl
 feed is always accepted. A collective becomes one actor per participating device;
 ``to_device`` becomes a copy actor; placeholders and outputs become feed and fetch actors
 at the host's edge; parameters become registers with no producer, except those an
-optimizer updates, which become variable actors (see ``plan.Register``).
+optimizer updates, which become variable actors (see ``plan.Register``). A parameter
+that several updates write (async parameter servers: one per worker, each applied as its
+gradient arrives) stays a register with no producer, which they all write in place: a
+variable, acting once per step, would make each update wait for the others.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from ..graph.ir import Graph, Node
 from ..ops.registry import lookup
@@ -53,7 +58,8 @@ def expand(graph: Graph) -> Plan:
         actors.append(actor)
         return actor.id
 
-    updated = {n.inputs[0][0] for n in graph.nodes if n.id in live and lookup(n.op).kind == "update"}
+    updates = Counter(n.inputs[0][0] for n in graph.nodes if n.id in live and lookup(n.op).kind == "update")
+    updated = {node for node, count in updates.items() if count == 1}
     for node in graph.nodes:
         if node.id not in live:
             continue

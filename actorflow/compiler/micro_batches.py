@@ -70,7 +70,8 @@ def split_micro_batches(plan: Plan, micro_batches: int) -> Plan:
 
 def _per_step(plan: Plan) -> set[int]:
     """Actors that act once per step: variables and updates; collectives, copies and
-    adds all of whose consumers do; actors all of whose inputs come from ones that do."""
+    adds all of whose consumers do; actors all of whose inputs are parameters or come
+    from ones that do (what reads only parameters reads the same all the step long)."""
     unit = unit_of(plan)
     members: dict[int, list[int]] = {}
     for a in plan.actors:
@@ -84,14 +85,13 @@ def _per_step(plan: Plan) -> set[int]:
                 continue
             actors = [plan.actors[i] for i in ids]
             producers = [plan.registers[i.register].producer for a in actors for i in a.inputs]
-            producers = [p for p in producers if p >= 0]
             consumers = [c.actor for a in actors for o in a.outputs for c in plan.registers[o].consumers]
             downstream = (
                 (actors[0].kind == "collective" or actors[0].op in SUMS)
                 and consumers
                 and all(c in per_step for c in consumers)
             )
-            upstream = producers and all(p in per_step for p in producers)
+            upstream = producers and all(p < 0 or p in per_step for p in producers)
             if downstream or upstream:
                 per_step.update(ids)
                 changed = True

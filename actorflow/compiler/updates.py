@@ -6,6 +6,11 @@ feed the gradient) needs nothing more; every other reader (say the backward matm
 reads W to compute dX) gets a control register into the update. Across iterations the
 variable's quota of 1 does the rest: its buffer is free for iteration i + 1 only once
 the update of iteration i let go of it.
+
+A parameter with no variable, which several updates write (async parameter servers:
+see ``expand``), is left alone: its reads (each worker's snapshot) and its updates run
+on its device's one compute stream, in the order their inputs arrive, and the credits of
+the snapshots' versions bound how far a worker's reads run ahead of the updates.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from .topology import data_edges, reachable, unit_of
 
 def order_updates(plan: Plan) -> Plan:
     unit = unit_of(plan)
-    updates = [a for a in plan.actors if a.kind == "update"]
+    updates = [a for a in plan.actors if a.kind == "update" and not plan.as_arriving(a)]
     readers = [
         (c.actor, update.id)
         for update in updates

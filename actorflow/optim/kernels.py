@@ -28,3 +28,35 @@ def adam_update(ins, outs, lr, beta1, beta2, eps):
     m_hat = m / (1 - beta1**step)
     v_hat = v / (1 - beta2**step)
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def snapshot(ins, outs):
+    """A worker's pull on its server: the parameter copied out (what is sent, so the
+    updates may go on writing the parameter) and its version, the steps of which every
+    worker's update is in it (the least of the clock's per-worker counts)."""
+    param, clock = ins
+    outs[0][...] = param
+    outs[1][...] = clock.min()
+
+
+def _arrived(ins, worker, kept):
+    """Count the staleness of ``worker``'s update and return the optimizer's inputs.
+
+    ``ins[kept:]``: the clock (updates applied per worker), the staleness so far (sum,
+    max) and every worker's pulled version, ``worker``'s the one its gradient came from.
+    The update is that worker's step ``clock[worker]``: its staleness is how many steps
+    of updates the parameter it read lacked."""
+    clock, staleness, versions = ins[kept], ins[kept + 1], ins[kept + 2 :]
+    lag = clock[worker] - versions[worker]
+    staleness[0] += lag
+    staleness[1] = max(staleness[1], lag)
+    clock[worker] += 1
+    return ins[:kept]
+
+
+def async_sgd_update(ins, outs, lr, momentum, worker):
+    sgd_update(_arrived(ins, worker, 3 if momentum else 2), outs, lr, momentum)
+
+
+def async_adam_update(ins, outs, lr, beta1, beta2, eps, worker):
+    adam_update(_arrived(ins, worker, 5), outs, lr, beta1, beta2, eps)

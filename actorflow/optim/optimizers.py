@@ -1,7 +1,11 @@
 """Optimizers: each adds, per parameter, one update op that rewrites it in place once per
-iteration (after every read of it in that iteration; see compiler/updates.py)."""
+iteration (after every read of it in that iteration; see compiler/updates.py), or, for
+async parameter servers, one per worker (``update_as_arriving``)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
 
 import attrs
 import numpy as np
@@ -13,6 +17,9 @@ from . import kernels
 
 register("sgd_update", "update", kernels.sgd_update)
 register("adam_update", "update", kernels.adam_update)
+register("async_sgd_update", "update", kernels.async_sgd_update)
+register("async_adam_update", "update", kernels.async_adam_update)
+register("snapshot", "compute", kernels.snapshot)
 
 
 def _check(op: str, param: Tensor, grad: Tensor) -> None:
@@ -45,12 +52,17 @@ class SGD:
 
     lr: float
     momentum: float = 0.0
+    op: ClassVar[str] = "sgd_update"
 
     def update(self, param: Tensor, grad: Tensor) -> None:
-        _check("sgd_update", param, grad)
-        states = [_state(param, "momentum", _zeros(param))] if self.momentum else []
-        attrs_ = {"lr": float(self.lr), "momentum": float(self.momentum)}
-        add_node("sgd_update", [param, grad, *states], [], attrs_, f"{param.name}.sgd_update")
+        _check(self.op, param, grad)
+        add_node(self.op, [param, grad, *self.states(param)], [], self.settings(), f"{param.name}.{self.op}")
+
+    def states(self, param: Tensor) -> list[Tensor]:
+        return [_state(param, "momentum", _zeros(param))] if self.momentum else []
+
+    def settings(self) -> dict[str, float]:
+        return {"lr": float(self.lr), "momentum": float(self.momentum)}
 
 
 @attrs.frozen
@@ -60,19 +72,56 @@ class Adam:
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
+    op: ClassVar[str] = "adam_update"
 
     def update(self, param: Tensor, grad: Tensor) -> None:
-        _check("adam_update", param, grad)
+        _check(self.op, param, grad)
+        add_node(self.op, [param, grad, *self.states(param)], [], self.settings(), f"{param.name}.{self.op}")
+
+    def states(self, param: Tensor) -> list[Tensor]:
         zeros = _zeros(param)
-        states = [
+        return [
             _state(param, "adam_m", zeros),
             _state(param, "adam_v", zeros),
             _state(param, "adam_t", np.zeros((), np.float64)),
         ]
-        attrs_ = {
+
+    def settings(self) -> dict[str, float]:
+        return {
             "lr": float(self.lr),
             "beta1": float(self.betas[0]),
             "beta2": float(self.betas[1]),
             "eps": float(self.eps),
         }
-        add_node("adam_update", [param, grad, *states], [], attrs_, f"{param.name}.adam_update")
+
+
+def snapshot(param: Tensor, clock: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """A copy of ``param`` and its version (int64, 0-d) taken on its device: what one
+    worker of an async parameter server pulls (see ``kernels.snapshot``)."""
+    copy, version = add_node(
+        "snapshot", [param, clock], [(param.shape, param.dtype, param.device), ((), "int64", param.device)], {}, name
+    )
+    return copy, version
+
+
+def update_as_arriving(
+    optimizer: SGD | Adam, param: Tensor, grads: Sequence[Tensor], clock: Tensor, versions: Sequence[Tensor]
+) -> Tensor:
+    """One update of ``param`` per worker, ``grads[w]`` being the gradient of worker w's
+    pull ``versions[w]`` (``snapshot``), all sharing one optimizer state: async
+    parameter-server training, each worker's gradient applied as it arrives. Each
+    update reads every worker's version of its step, so a worker pulls a step's
+    parameters only once every worker's update of that many steps before (the versions'
+    quota) is in. Returns the staleness counted so far (int64 sum and max, a state)."""
+    states = optimizer.states(param)
+    staleness = _state(param, "staleness", np.zeros(2, np.int64))
+    for w, grad in enumerate(grads):
+        _check(optimizer.op, param, grad)
+        add_node(
+            f"async_{optimizer.op}",
+            [param, grad, *states, clock, staleness, *versions],
+            [],
+            optimizer.settings() | {"worker": w},
+            f"{param.name}.{optimizer.op}[{w}]",
+        )
+    return staleness

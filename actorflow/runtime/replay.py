@@ -51,6 +51,8 @@ def replayable(plan: Plan) -> str | None:
         return "collectives hold their compute streams (overlap off)"
     if any(a.calls > 1 for a in plan.actors):
         return "it reuses communication subgraphs"
+    if any(plan.as_arriving(a) for a in plan.actors):
+        return "its updates apply gradients as they arrive (async parameter servers)"
     return None
 
 

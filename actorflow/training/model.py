@@ -47,6 +47,8 @@ def build_graph(config: Config, values: bool = True) -> Graph:
     sbp = S(0) if config.parallel.data_parallel > 1 else None
     params = initial_parameters(config, values)
     served = parameter_server.placement(config, params)
+    ps = config.parallel.parameter_server
+    pulls: list[parameter_server.Pull] | None = [] if ps is not None and ps.mode == "async" else None
     activation = ACTIVATIONS[config.model.activation]
     rows, dtype = config.micro_batch_size, config.model.dtype
     # With data parallelism the tensors are GlobalTensors, which ops take through
@@ -59,23 +61,34 @@ def build_graph(config: Config, values: bool = True) -> Graph:
             h = ops.to_device(h, stage)  # type: ignore[arg-type]
             with recompute() if again else contextlib.nullcontext():
                 for _ in range(count):
-                    w, b = (_parameter(f"{n}{layer}", params, stage, served) for n in "wb")
+                    w, b = (_parameter(f"{n}{layer}", params, stage, served, pulls) for n in "wb")
                     h = ops.bias_add(ops.matmul(h, w), b)  # type: ignore[arg-type]
                     if layer < config.layers - 1:
                         h = activation(h)
                     layer += 1
         loss = ops.softmax_cross_entropy(h, labels)  # type: ignore[arg-type]
-        on_servers = [n for n in graph.nodes if n.op == "parameter" and n.name in served]
-        minimize_loss(config, loss, [graph.tensor((n.id, 0)) for n in on_servers] or None)
+        if pulls is not None:
+            parameter_server.minimize_async(config, loss, pulls)
+        else:
+            on_servers = [n for n in graph.nodes if n.op == "parameter" and n.name in served]
+            minimize_loss(config, loss, [graph.tensor((n.id, 0)) for n in on_servers] or None)
         output("loss", loss)
     return graph
 
 
 def _parameter(
-    name: str, values: dict[str, np.ndarray], stage: str | list[str], served: dict[str, str]
+    name: str,
+    values: dict[str, np.ndarray],
+    stage: str | list[str],
+    served: dict[str, str],
+    pulls: list[parameter_server.Pull] | None,
 ) -> Tensor | GlobalTensor:
     """Parameter ``name`` as ``stage`` reads it: its own (a replica per device, B), or
-    pulled from its parameter server."""
+    pulled from its parameter server (async: its pulls added to ``pulls``)."""
+    if name in served and pulls is not None:
+        pulled, pull = parameter_server.pull_async(parameter(name, values[name], served[name]), stage)
+        pulls.append(pull)
+        return pulled
     if name in served:
         return parameter_server.pull(parameter(name, values[name], served[name]), stage)
     return parameter(name, values[name], stage, B if isinstance(stage, list) else None)

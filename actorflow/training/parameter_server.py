@@ -13,22 +13,39 @@ takes. So every transfer is a send or receive actor under the credit protocol, t
 update waits for every worker's gradient of the step (sync: the average, as the
 all-reduce of data-parallel training gives it), and each step's pull waits for the
 update (the updated parameter's register holds one buffer).
+
+Async (``pull_async``, ``minimize_async``): each worker pulls a snapshot of the parameter
+taken on its server (a copy, with its version: the steps every worker's update is in),
+and each worker's gradient has its own update, all of them sharing the parameter and its
+optimizer state in place on the server's one compute stream, so each applies as its
+gradient arrives. A version register holds staleness + 1 buffers and every update of a
+step frees it: a worker's pull of step j waits for every worker's update of step
+j - staleness - 1, so the parameters a gradient comes from lack at most ``staleness``
+steps of updates. The updates count that lag (``staleness``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import attrs
 import numpy as np
 
 from .. import ops
 from ..config import Config
 from ..devices import parse_device
 from ..errors import ConfigError
-from ..graph.ir import Tensor
-from ..parallel import B, GlobalTensor
+from ..graph.builder import parameter
+from ..graph.ir import Graph, Tensor
+from ..optim.optimizers import snapshot, update_as_arriving
+from ..parallel import B, GlobalTensor, gradients
 from ..plan import Plan
 from ..text import count
+from .optimizer import optimizer
+
+STEPS_PER_RUN = 16
+"""An async run's steps go this many to one ``Session.run``: a run ends once every actor
+is done with it, so workers run ahead of the updates only within one."""
 
 
 def server_devices(config: Config) -> tuple[str, ...]:
@@ -67,6 +84,79 @@ def pull(param: Tensor, workers: str | Sequence[str]) -> Tensor | GlobalTensor:
     if isinstance(workers, str):
         return ops.to_device(param, workers)
     return GlobalTensor(param.shape, B, tuple(ops.to_device(param, d) for d in workers))
+
+
+@attrs.frozen
+class Pull:
+    """One parameter's async pulls: per worker, the snapshot it reads and its version."""
+
+    param: Tensor
+    clock: Tensor
+    snapshots: tuple[Tensor, ...]
+    versions: tuple[Tensor, ...]
+
+
+def pull_async(param: Tensor, workers: str | Sequence[str]) -> tuple[Tensor | GlobalTensor, Pull]:
+    """``pull`` for async mode: each worker reads its own snapshot, taken on the server
+    beside a clock (the updates applied per worker, a state of the parameter)."""
+    devices = [workers] if isinstance(workers, str) else list(workers)
+    clock = parameter(f"{param.name}.clock", np.zeros(len(devices), np.int64), param.device, state=True)
+    taken = [snapshot(param, clock, f"{param.name}.pull[{d}]") for d in devices]
+    read = [ops.to_device(copy, d) for (copy, _), d in zip(taken, devices)]
+    pulled = read[0] if isinstance(workers, str) else GlobalTensor(param.shape, B, tuple(read))
+    return pulled, Pull(param, clock, tuple(c for c, _ in taken), tuple(v for _, v in taken))
+
+
+def minimize_async(config: Config, loss: Tensor | GlobalTensor, pulls: Sequence[Pull]) -> None:
+    """Backward pass and, per pulled parameter, one update per worker's gradient."""
+    grads = iter(gradients(loss, [s for p in pulls for s in p.snapshots]))
+    chosen = optimizer(config.train.optimizer)
+    for p in pulls:
+        update_as_arriving(chosen, p.param, [next(grads) for _ in p.snapshots], p.clock, p.versions)
+
+
+def quotas(config: Config, graph: Graph) -> dict[str, int]:
+    """Staleness + 1 buffers for each async pull's version (none in sync mode)."""
+    ps = config.parallel.parameter_server
+    if ps is None or ps.mode != "async":
+        return {}
+    return {n.outputs[1].name: ps.staleness + 1 for n in graph.nodes if n.op == "snapshot"}
+
+
+def run_end(config: Config, step: int) -> int:
+    """The step a ``Session.run`` from ``step`` goes up to: the next in sync mode and
+    without parameter servers (as before), up to ``STEPS_PER_RUN`` in async mode, never
+    past a checkpoint's step."""
+    ps, steps = config.parallel.parameter_server, config.train.steps
+    if ps is None or ps.mode != "async":
+        return step + 1
+    keep = config.output.checkpoint
+    every = keep.every if keep else steps
+    return min(steps, step + STEPS_PER_RUN, (step // every + 1) * every)
+
+
+def staleness(values: Mapping[str, np.ndarray]) -> tuple[int, int, int]:
+    """(updates, the sum of their staleness, the largest) counted by the async updates of
+    the parameters in ``values`` (a rank's, ``Session.values``), since step 0 (they are
+    optimizer state: a checkpoint keeps them)."""
+    counted = [v for n, v in values.items() if n.endswith(".staleness")]
+    clocks = [v for n, v in values.items() if n.endswith(".clock")]
+    return (
+        int(sum(c.sum() for c in clocks)),
+        int(sum(c[0] for c in counted)),
+        int(max((c[1] for c in counted), default=0)),
+    )
+
+
+def summed(counts: Sequence[tuple[int, int, int]]) -> tuple[int, int, int]:
+    """The ranks' ``staleness`` counts together."""
+    return sum(c[0] for c in counts), sum(c[1] for c in counts), max(c[2] for c in counts)
+
+
+def described(counted: tuple[int, int, int]) -> tuple[float, int] | None:
+    """(mean, max) staleness of the counted updates; None if there were none."""
+    updates, total, most = counted
+    return (total / updates, most) if updates else None
 
 
 def rank_devices(config: Config, world: int) -> list[list[str]]:

@@ -36,6 +36,14 @@ def table(config: Config, result: RunResult) -> str:
         ),
         "",
     ]
+    if result.staleness is not None:
+        ps = parallel.parameter_server
+        assert ps is not None, "staleness is counted by async parameter servers"
+        lines.insert(
+            -1,
+            f"staleness of the updates: mean {result.staleness[0]:.2f}, max {result.staleness[1]} steps "
+            f"(at most {ps.staleness})",
+        )
     rows = [
         (
             "stage",
@@ -116,6 +124,9 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "step_seconds": result.seconds / result.steps,
         "samples_per_second": result.samples_per_second,
         "order": result.ordered_by,
+        "staleness": None
+        if result.staleness is None
+        else {"mean": result.staleness[0], "max": result.staleness[1]},
         "losses": result.losses,
         "bubble_steps": result.bubble_steps,
         "critical_path_handoff_share": result.handoff_share,

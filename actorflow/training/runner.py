@@ -22,9 +22,10 @@ from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory
 from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
-from . import checkpoint
+
 from .data import Part, dataset, position, step_feeds
 from .model import build_graph
+from . import checkpoint, parameter_server
 from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
 
@@ -87,15 +88,20 @@ class RunResult:
     """The steps the run ran: train.steps, unless it ``stopped`` early or was resumed."""
     first_step: int = 0
     """The step the run began after: 0, or its checkpoint's when resumed."""
+    staleness: tuple[float, int] | None = None
+    """Async parameter servers: the mean and largest staleness of the run's updates, in
+    steps (see ``parameter_server``); None for other runs."""
 
 
 def compile_config(config: Config, ranks: int | None = None, values: bool = True) -> Plan:
     """The config's plan; ``ranks``: for that many ranks (default: as the launcher started);
     ``values`` False: parameters of shape only, for a plan simulated, never run."""
     parallel, runtime = config.parallel, config.runtime
+    graph = build_graph(config, values)
     return compile(
-        build_graph(config, values),
+        graph,
         quota=runtime.quota,
+        quotas=parameter_server.quotas(config, graph),
         priority=runtime.priority,
         fusion=runtime.fusion,
         fuse_kernels=runtime.fuse_kernels,
@@ -158,21 +164,26 @@ def train(
         meet = None if plan.world == 1 else functools.partial(gather, check=session.check)
         start = time.perf_counter()
         with Interrupts(plan.world) as interrupts:
-            for step in range(first, config.train.steps):
-                outputs = session.run(step_feeds(config, data, step, parts))
-                losses.append(float(np.mean([o["loss"] for o in outputs])))
-                if on_step is not None:
-                    on_step(step, losses[-1])
-                if config.train.stop_on_nonfinite and (
-                    stopped := nonfinite(losses, config.train.steps, first)
-                ):
+            step = first
+            while step < config.train.steps:
+                end = parameter_server.run_end(config, step)
+                outputs = session.run([f for s in range(step, end) for f in step_feeds(config, data, s, parts)])
+                m = len(outputs) // (end - step)
+                for k in range(end - step):
+                    losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
+                    if on_step is not None:
+                        on_step(step + k, losses[-1])
+                    if config.train.stop_on_nonfinite and (
+                        stopped := nonfinite(losses, config.train.steps, first)
+                    ):
+                        break
+                if stopped:
                     break
-                if interrupts.stop_now() and step + 1 < config.train.steps:
-                    stopped = Stop("interrupted", f"interrupted at step {step + 1} of {config.train.steps}")
-                if keep and (stopped or (step + 1) % keep.every == 0 or step + 1 == config.train.steps):
-                    checkpoint.save(
-                        keep.path, step + 1, session.values(), shard, config, at(step + 1), rank, meet
-                    )
+                step = end
+                if interrupts.stop_now() and step < config.train.steps:
+                    stopped = Stop("interrupted", f"interrupted at step {step} of {config.train.steps}")
+                if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
+                    checkpoint.save(keep.path, step, session.values(), shard, config, at(step), rank, meet)
                 if stopped:
                     break
         seconds = time.perf_counter() - start
@@ -180,16 +191,18 @@ def train(
         stats = session.register_stats()
         ordered_by = session.ordered_by
         parameters = session.parameters()
+        counted = parameter_server.staleness(session.values())
         if trace is not None:
             write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
     if plan.world > 1:
-        gathered = gather((chrome, stats, parameters))
+        gathered = gather((chrome, stats, parameters, counted))
         if gathered is not None:
-            for _, their_stats, their_parameters in gathered:
+            for _, their_stats, their_parameters, _ in gathered:
                 stats |= their_stats
                 parameters |= their_parameters
             parameters = assemble(plan.logical, "parameter", parameters)
-            chrome = merge([c for c, _, _ in gathered])
+            chrome = merge([c for c, *_ in gathered])
+            counted = parameter_server.summed([c for *_, c in gathered])
             if trace is not None:
                 write_chrome(with_config(chrome, config), trace)
     result = measure(
@@ -208,7 +221,7 @@ def train(
         ],
         trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
     )
-    return attrs.evolve(result, first_step=first)
+    return attrs.evolve(result, first_step=first, staleness=parameter_server.described(counted))
 
 
 def measure(
