@@ -163,7 +163,16 @@ def test_async_training_over_ranks_counts_staleness_within_k(tmp_path):
     )
     metrics = tmp_path / "m.json"
     code, out = launch(
-        4, sys.executable, "-m", "actorflow.cli", "run", str(path), "--quiet", "--metrics", str(metrics), timeout=90
+        4,
+        sys.executable,
+        "-m",
+        "actorflow.cli",
+        "run",
+        str(path),
+        "--quiet",
+        "--metrics",
+        str(metrics),
+        timeout=90,
     )
     assert code == 0, out
     staleness = json.loads(metrics.read_text())["staleness"]

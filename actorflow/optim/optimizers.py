@@ -99,7 +99,11 @@ def snapshot(param: Tensor, clock: Tensor, name: str) -> tuple[Tensor, Tensor]:
     """A copy of ``param`` and its version (int64, 0-d) taken on its device: what one
     worker of an async parameter server pulls (see ``kernels.snapshot``)."""
     copy, version = add_node(
-        "snapshot", [param, clock], [(param.shape, param.dtype, param.device), ((), "int64", param.device)], {}, name
+        "snapshot",
+        [param, clock],
+        [(param.shape, param.dtype, param.device), ((), "int64", param.device)],
+        {},
+        name,
     )
     return copy, version
 

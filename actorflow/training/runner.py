@@ -22,10 +22,9 @@ from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory
 from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
-
+from . import checkpoint, parameter_server
 from .data import Part, dataset, position, step_feeds
 from .model import build_graph
-from . import checkpoint, parameter_server
 from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
 
@@ -167,7 +166,9 @@ def train(
             step = first
             while step < config.train.steps:
                 end = parameter_server.run_end(config, step)
-                outputs = session.run([f for s in range(step, end) for f in step_feeds(config, data, s, parts)])
+                outputs = session.run(
+                    [f for s in range(step, end) for f in step_feeds(config, data, s, parts)]
+                )
                 m = len(outputs) // (end - step)
                 for k in range(end - step):
                     losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
