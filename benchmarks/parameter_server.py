@@ -6,10 +6,10 @@ micro-batches); each row is ``actorflow run`` under ``actorflow launch`` with --
 steps, its samples/s read from --metrics (the run's own measure: the steps' wall time,
 after the first step, which pays for the ranks' start, is not left out). Rows: data
 parallel on W ranks (the W workers all-reduce their gradients), and sync parameter
-servers with W workers and S servers on W + S ranks, for W = 2, 3 and S = 1, 2. Each
-row runs --repeats times, alternating with the others, and the table gives the median
-and its ratio to data parallel with the same workers, taken per repeat. async mode is
-not implemented (issue 28), so it has no row.
+and async parameter servers (staleness 1: a worker at most one step ahead) with W
+workers and S servers on W + S ranks, for W = 2, 3 and S = 1, 2. Each row runs --repeats
+times, alternating with the others, and the table gives the median and its ratio to
+data parallel with the same workers, taken per repeat.
 
 Run: python benchmarks/parameter_server.py [--steps 60] [--repeats 3]
 """
@@ -50,10 +50,11 @@ def rows() -> list[tuple[str, int, int, list[str]]]:
                 [*layout, "parallel.parameter_server=null"],
             )
         )
-        for servers in (1, 2):
-            name = f"sync, {workers} workers + {servers} server{'s' * (servers > 1)}"
-            ps = f"parallel.parameter_server={{servers: {servers}, mode: sync}}"
-            out.append((name, workers, workers + servers, [*layout, ps]))
+        for mode in ("sync", "async"):
+            for servers in (1, 2):
+                name = f"{mode}, {workers} workers + {servers} server{'s' * (servers > 1)}"
+                ps = f"parallel.parameter_server={{servers: {servers}, mode: {mode}, staleness: {int(mode == 'async')}}}"
+                out.append((name, workers, workers + servers, [*layout, ps]))
     return out
 
 
@@ -103,7 +104,6 @@ def main() -> None:
                 f"{statistics.median(ratios):.2f}x",
             )
         )
-    lines.append(("async", "-", "-", "not implemented"))
     print("\n".join(columns(lines)))
 
 
