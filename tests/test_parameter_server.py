@@ -122,61 +122,40 @@ def test_too_few_ranks_for_the_servers_and_a_worker_is_one_line():
         rank_devices(_config(2, 2), 2)
 
 
+def _metrics_over_4_ranks(tmp_path: Path, text: str) -> dict:
+    """The --metrics of ``actorflow run`` of the config ``text`` on 4 ranks."""
+    from ranks import launch
+
+    path, metrics = tmp_path / "ps.yaml", tmp_path / "m.json"
+    path.write_text(text)
+    run = ["-m", "actorflow.cli", "run", str(path), "--quiet", "--metrics", str(metrics)]
+    code, out = launch(4, sys.executable, *run, timeout=90)
+    assert code == 0, out
+    return json.loads(metrics.read_text())
+
+
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(120)
 def test_sync_training_over_ranks_equals_data_parallel_training(tmp_path):
-    from ranks import launch
-
-    path = tmp_path / "ps.yaml"
-    path.write_text(
+    metrics = _metrics_over_4_ranks(
+        tmp_path,
         MODEL
-        + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 2}}\n"
+        + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 2}}\n",
     )
-    metrics = tmp_path / "m.json"
-    code, out = launch(
-        4,
-        sys.executable,
-        "-m",
-        "actorflow.cli",
-        "run",
-        str(path),
-        "--quiet",
-        "--metrics",
-        str(metrics),
-        timeout=90,
-    )
-    assert code == 0, out
     reference = train(_config(2))
-    np.testing.assert_allclose(json.loads(metrics.read_text())["losses"], reference.losses, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(metrics["losses"], reference.losses, rtol=0, atol=1e-9)
 
 
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(120)
 def test_async_training_over_ranks_counts_staleness_within_k(tmp_path):
-    from ranks import launch
-
-    path = tmp_path / "ps.yaml"
-    path.write_text(
+    metrics = _metrics_over_4_ranks(
+        tmp_path,
         MODEL.replace("steps: 5", "steps: 20")
         + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, "
-        "parameter_server: {servers: 2, mode: async, staleness: 1}}\n"
+        "parameter_server: {servers: 2, mode: async, staleness: 1}}\n",
     )
-    metrics = tmp_path / "m.json"
-    code, out = launch(
-        4,
-        sys.executable,
-        "-m",
-        "actorflow.cli",
-        "run",
-        str(path),
-        "--quiet",
-        "--metrics",
-        str(metrics),
-        timeout=90,
-    )
-    assert code == 0, out
-    staleness = json.loads(metrics.read_text())["staleness"]
-    assert 0 <= staleness["mean"] <= staleness["max"] <= 1
+    assert 0 <= metrics["staleness"]["mean"] <= metrics["staleness"]["max"] <= 1
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:
