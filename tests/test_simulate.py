@@ -13,14 +13,15 @@ import numpy as np
 import pytest
 
 from actorflow.config import load_config
+from actorflow.errors import CompileError
 from actorflow.graph.builder import is_shape_only
 from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
-from actorflow.simulate import CostModel, Link, calibrate, predict
+from actorflow.simulate import CostModel, Link, calibrate, layouts, predict
 from actorflow.simulate.costs import fit
-from actorflow.simulate.layouts import predict_layout
-from actorflow.simulate.predict import meets, replayed_orders, unit_costs
+from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
+from actorflow.simulate.predict import meets, replayed_orders, step_time, unit_costs
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
@@ -175,6 +176,30 @@ def test_a_layout_is_one_replica_with_the_data_parallel_all_reduce_charged():
     assert half.train.batch_size == 16 and two.step_seconds < one.step_seconds  # half the batch a replica
     slow = attrs.evolve(KNOWN, network=Link(1e-3, 1e6), node_size=2)
     assert predict_layout(config, slow, (2, 2, 2))[1].step_seconds > two.step_seconds + 1e-3
+
+
+def test_the_layouts_search_finds_what_predicting_every_layout_finds_and_clocks_fewer(monkeypatch):
+    config = load_config(
+        "configs/default.yaml",
+        ["train.steps=2", "model.sizes=[1024,1024,1024,1024,10]", "runtime.max_memory=60000000"],
+    )
+    fits, refused = [], 0
+    for replica, layout, m, schedule in candidates(config, 8):
+        try:
+            _, prediction = predict_layout(config, KNOWN, layout, m, schedule)
+        except CompileError:  # over max_memory
+            refused += 1
+            continue
+        _, seconds = layouts.one_device(replica, KNOWN)
+        assert bound(seconds, layout[1], layout[2], KNOWN) <= prediction.step_seconds
+        fits.append(
+            Candidate(layout, m, schedule, prediction.step_seconds, max(prediction.result.memory.values()))
+        )
+    assert refused and fits
+    clocked = []
+    monkeypatch.setattr(layouts, "step_time", lambda *a, **k: clocked.append(a) or step_time(*a, **k))
+    assert search(config, 8, KNOWN, keep=4) == sorted(fits, key=lambda c: c.step_seconds)[:4]
+    assert 4 <= len(clocked) < len(fits)  # the bound leaves out the slowest layouts unclocked
 
 
 @pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])

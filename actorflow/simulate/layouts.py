@@ -7,8 +7,9 @@ import attrs
 
 from ..config import Config, parse_config
 from ..errors import CompileError, ConfigError
+from ..training.runner import compile_config
 from .costs import CostModel
-from .predict import Prediction, predict
+from .predict import Prediction, predict, step_time, work
 
 SCHEDULES = ("1f1b", "zb1", "gpipe")
 
@@ -93,25 +94,94 @@ class Candidate:
     """The most planned bytes on one device."""
 
 
-def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> list[Candidate]:
-    """The ``keep`` fastest layouts of ``config``'s model on ``devices`` devices (data x
-    tensor x pipeline degrees, micro-batches p, 2p or 4p, each schedule) whose planned
-    memory fits ``runtime.max_memory`` (every one, where it is unset), by predicted step
-    time; a layout the config's checks or the compiler refuse is left out."""
+def candidates(config: Config, devices: int) -> list[tuple[Config, tuple[int, int, int], int, str]]:
+    """Every layout of ``config``'s model on ``devices`` devices the search weighs (data x
+    tensor x pipeline degrees, micro-batches p, 2p or 4p, each schedule) that the config's
+    checks accept: (its replica's config, as ``predict_layout`` simulates it, the layout,
+    micro-batches, schedule)."""
     found = []
-    limit = config.runtime.max_memory
     for p in range(1, devices + 1):
         for t in range(1, devices // p + 1):
             if devices % (p * t):
                 continue
             d = devices // (p * t)
+            if config.train.batch_size % d:
+                continue
             for m in (p, 2 * p, 4 * p):
                 for schedule in SCHEDULES:
                     try:
-                        _, prediction = predict_layout(config, model, (d, t, p), m, schedule)
-                    except (ConfigError, CompileError):
+                        replica = with_layout(config, 1, t, p, m, schedule, config.train.batch_size // d)
+                    except ConfigError:
                         continue
-                    peak = max(prediction.result.memory.values(), default=0)
-                    if limit is None or peak <= limit:
-                        found.append(Candidate((d, t, p), m, schedule, prediction.step_seconds, peak))
-    return sorted(found, key=lambda c: c.step_seconds)[:keep]
+                    found.append((replica, (d, t, p), m, schedule))
+    return found
+
+
+def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> list[Candidate]:
+    """The ``keep`` fastest of ``candidates`` by predicted step time (the earlier candidate
+    first at a tie), each with its planned memory; a layout the compiler refuses (over
+    ``runtime.max_memory``, or the machine's memory where it is unset) or that stalls is
+    left out. The same as predicting each candidate (``predict_layout``), in a fraction
+    of the time:
+
+    - a lower bound first, from a plan of the replica's model on one device (its batch in
+      one micro-batch; one per batch size): the replica's devices plan at least its
+      parameters' bytes between them, and its kernels do at least that plan's work
+      (splitting over devices and micro-batches only splits, repeats or adds kernels, of
+      the same op kinds) on its ranks' machines' cores (``bound``);
+    - candidates in the order of their bound, until the bound of the next can't beat the
+      ``keep``-th fastest found (branch and bound);
+    - each compiled (the compiler refuses a plan over ``max_memory``) and clocked without
+      its trace and report, and a plan equal to one clocked before (a schedule that
+      changes nothing on one stage) not clocked again."""
+    limit = config.runtime.max_memory
+    shares: dict[int, tuple[int, float]] = {}
+    weighed = []
+    for n, (replica, layout, m, schedule) in enumerate(candidates(config, devices)):
+        batch = replica.train.batch_size
+        if batch not in shares:
+            shares[batch] = one_device(replica, model)
+        parameters, seconds = shares[batch]
+        d, t, p = layout
+        if limit is not None and parameters > limit * t * p:
+            continue
+        weighed.append((bound(seconds, t, p, model), n, replica, layout, m, schedule))
+    weighed.sort(key=lambda w: w[:2])
+    found: list[tuple[float, int, Candidate]] = []
+    clocked: dict[tuple[tuple[int, int, int], bytes], float] = {}
+    for lower, n, replica, layout, m, schedule in weighed:
+        if len(found) >= keep and lower > found[keep - 1][0]:
+            break
+        try:
+            plan = compile_config(replica, layout[2], values=False)
+            key = (layout, attrs.evolve(plan, parameters=()).to_bytes())
+            if key not in clocked:
+                clocked[key] = step_time(replica, plan, model, replicas=layout[0])
+        except (ConfigError, CompileError):  # over max_memory, or a plan that stalls
+            continue
+        peak = max(plan.memory.values(), default=0)
+        found.append((clocked[key], n, Candidate(layout, m, schedule, clocked[key], peak)))
+        found.sort(key=lambda f: f[:2])
+    return [c for _, _, c in found[:keep]]
+
+
+def bound(work_seconds: float, tensor: int, pipeline: int, model: CostModel) -> float:
+    """The least step time of a replica of ``tensor`` x ``pipeline`` devices whose kernels
+    take ``work_seconds`` of a core: its ranks' machines (one rank a stage, on its first
+    device's node, as ``predict.rank_nodes`` places it) run that work on ``model.cores``
+    cores each, at best evenly shared, and a step ends the host's time before the next."""
+    machines = len({s * tensor // model.node_size for s in range(pipeline)})
+    return work_seconds / (machines * model.cores) + model.between
+
+
+def one_device(replica: Config, model: CostModel) -> tuple[int, float]:
+    """(parameter bytes, seconds of a core a step's kernels take) of ``replica``'s model on
+    one device, its whole batch one micro-batch, no memory limit."""
+    raw = replica.to_dict()
+    raw["parallel"] = raw["parallel"] | {"stages": [["cpu:0"]], "tensor_parallel": 1, "micro_batches": 1}
+    raw["runtime"] = raw["runtime"] | {"max_memory": 2**62}
+    if raw["parallel"].get("partition") is not None:
+        raw["parallel"]["partition"] = None
+    plan = compile_config(parse_config(raw, source="one device"), 1, values=False)
+    parameters = sum(r.nbytes for r in plan.registers if r.is_parameter)
+    return parameters, work(plan, model, 1)

@@ -34,7 +34,7 @@ from ..runtime.replay import Program, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Host, Timing, simulate
-from ..runtime.wiring import Unit, Wiring, wire
+from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
@@ -76,6 +76,22 @@ def predict(
         predicted=True,
     )
     return Prediction(result, chrome, step_seconds)
+
+
+def step_time(config: Config, plan: Plan, model: CostModel, replicas: int = 1) -> float:
+    """The seconds a step of ``plan`` takes, as ``predict`` gives them, without its trace
+    and report (what the layouts' search compares)."""
+    return _clock(config, plan, wire(plan, None, allocate=False), model, replicas)[1]
+
+
+def work(plan: Plan, model: CostModel, micro_batches: int) -> float:
+    """The seconds of a core a step of ``plan``'s acts takes, each a launch and a kernel
+    by its parts' op kinds (``costs.features``), without those the links time."""
+    return sum(
+        acts_in(a, micro_batches) * (model.launch + model.seconds(features(plan, a)))
+        for a in plan.actors
+        if a.kind not in ("collective", "copy", "send", "recv")
+    )
 
 
 def _clock(
