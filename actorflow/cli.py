@@ -86,15 +86,19 @@ def parser() -> argparse.ArgumentParser:
         "clock, each act taking the time a cost model gives (no data read, no kernel run), and "
         "print what actorflow run prints, marked predicted. The cost model comes from --calibrate: "
         "a trace of actorflow run --trace on this machine (of any config of the same model), or "
-        "a calibration file saved from one with --save-calibration.",
+        "a calibration file saved from one with --save-calibration. Without --calibrate, the one "
+        "shipped for the config's model is used: fitted on actorflow's developers' machine (a "
+        "2-core VM), not yours; make your own with, e.g., actorflow run configs/gpipe.yaml --steps 30 "
+        "--trace t.json, then actorflow simulate configs/default.yaml --calibrate t.json "
+        "--save-calibration cal.json.",
     )
     _config_arguments(sim)
     sim.add_argument("--steps", type=_positive, help="override train.steps")
     sim.add_argument(
         "--calibrate",
         metavar="FILE",
-        required=True,
-        help="a trace written by actorflow run --trace, or a calibration file",
+        help="a trace written by actorflow run --trace, or a calibration file; default: the one "
+        "shipped for the config's model (a 2-core VM's)",
     )
     sim.add_argument("--save-calibration", metavar="FILE", help="write the fitted cost model there")
     sim.add_argument(
@@ -291,6 +295,7 @@ def _simulate(config, args) -> int:
 
     from .files import check_outputs, replaced, write_json
     from .simulate import CalibrationError, CostModel, calibrate, predict
+    from .simulate.costs import shipped
     from .simulate.layouts import parse_layout, predict_layout, search
     from .trace.recorder import write_chrome
     from .training.report import metrics, table
@@ -300,15 +305,23 @@ def _simulate(config, args) -> int:
             {"--trace": args.trace, "--metrics": args.metrics, "--save-calibration": args.save_calibration},
             {"config": args.config, "calibration": args.calibrate},
         )
-        try:
-            with open(args.calibrate) as f:
-                data = json.load(f)
-        except (OSError, ValueError) as err:
-            raise CalibrationError(f"{args.calibrate}: cannot read a calibration: {err}") from None
-        if isinstance(data, dict) and "traceEvents" in data:
-            model = calibrate(data, args.calibrate)
+        if args.calibrate is None:
+            print(
+                f"actorflow simulate: no --calibrate: the calibration shipped for the {config.model.kind} "
+                "model, fitted on a 2-core VM, not this machine",
+                file=sys.stderr,
+            )
+            model = shipped(config.model.kind)
         else:
-            model = CostModel.from_json(json.dumps(data), args.calibrate)
+            try:
+                with open(args.calibrate) as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as err:
+                raise CalibrationError(f"{args.calibrate}: cannot read a calibration: {err}") from None
+            if isinstance(data, dict) and "traceEvents" in data:
+                model = calibrate(data, args.calibrate)
+            else:
+                model = CostModel.from_json(json.dumps(data), args.calibrate)
         if model.model.get("kind") != config.model.kind:
             raise CalibrationError(
                 f"{args.calibrate}: fitted on a {model.model.get('kind')} model, this config's is a "

@@ -19,7 +19,7 @@ from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, layouts, predict
-from actorflow.simulate.costs import fit
+from actorflow.simulate.costs import fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
 from actorflow.simulate.predict import meets, replayed_orders, step_time, unit_costs
 from actorflow.trace.parse import parse
@@ -244,6 +244,18 @@ def test_simulate_prints_the_run_report_marked_predicted_and_writes_metrics_and_
     data = json.loads(metrics.read_text())
     assert data["predicted"] is True and len(data["stages"]) == 2
     assert parse(json.loads(trace.read_text())).spans
+
+
+@pytest.mark.parametrize("name", ["default", "transformer"])
+def test_without_calibrate_the_calibration_shipped_for_the_model_is_used(capsys, name):
+    config = load_config(f"configs/{name}.yaml", [])
+    model = shipped(config.model.kind)
+    assert model.model["kind"] == config.model.kind and model.ops and model.cores == 2
+    code, out, err = run_cli(capsys, "simulate", f"configs/{name}.yaml", "--steps", "2")
+    assert code == 0, err
+    assert "the calibration shipped for the" in err and "2-core VM" in err
+    step = predict(load_config(f"configs/{name}.yaml", ["train.steps=2"]), model).step_seconds
+    assert f"step time {step * 1e3:.3f} ms" in out
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ acts, by non-negative least squares per kind, pulled towards one fit over every 
 the stream's time per act from the gaps between its back-to-back kernels, a wake-up
 from the delays of idle streams' kernels after what they waited for ended, and the
 GIL's hand-over by simulating the measured config and matching its step time.
-The result is a small JSON file a user keeps per machine (``CostModel.to_json``).
+The result is a small JSON file a user keeps per machine (``CostModel.to_json``); one per
+model kind ships with actorflow (``shipped``), fitted on its developers' 2-core VM.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from importlib import resources
 from typing import Any
 
 import attrs
@@ -136,6 +138,19 @@ class CostModel:
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None
         return model
+
+
+def shipped(kind: str) -> CostModel:
+    """The calibration shipped for a ``kind`` model (``calibrations/KIND.json``), for a
+    user without one of their own: fitted on the 2-core VM actorflow is developed on,
+    from a run of ``configs/gpipe.yaml`` (micro-batches 2) for the mlp and of
+    ``configs/transformer.yaml`` (micro-batches 4) for the transformer, 30 steps each."""
+    where = f"the shipped calibration of a {kind} model"
+    try:
+        text = resources.files(__package__).joinpath("calibrations", f"{kind}.json").read_text()
+    except OSError as e:
+        raise CalibrationError(f"{where}: none ({e.strerror}); give --calibrate") from None
+    return CostModel.from_json(text, where)
 
 
 def _three(value: Any) -> tuple[float, float, float]:
