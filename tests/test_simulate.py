@@ -40,12 +40,12 @@ KNOWN = CostModel(
 )
 
 
-def measured_run(name: str, steps: int = STEPS) -> tuple:
+def measured_run(name: str, steps: int = STEPS, order: str = "replay") -> tuple:
     """(config, plan, the Chrome trace of a run of it)."""
-    config = load_config(f"configs/{name}.yaml", [f"train.steps={steps}"])
+    config = load_config(f"configs/{name}.yaml", [f"train.steps={steps}", f"runtime.order={order}"])
     plan = compile_config(config)
     data = dataset(config)
-    with Session(plan, trace=True) as session:
+    with Session(plan, trace=True, order=order) as session:
         parts = local_feeds(plan, 0)
         for step in range(steps):
             session.run(step_feeds(config, data, step, parts))
@@ -53,27 +53,78 @@ def measured_run(name: str, steps: int = STEPS) -> tuple:
     return config, plan, with_config(chrome, config)
 
 
+def measured_orders(chrome: dict, wiring) -> tuple[list[list[tuple[str, int]]], list[float]]:
+    """Per stream of ``wiring``, the (unit, act) its kernels ran in, in order; per unit,
+    its median measured seconds."""
+    by_name = {u.name: u for u in wiring.units}
+    measured: dict[int, list] = defaultdict(list)
+    durations: dict[str, list[float]] = defaultdict(list)
+    for s in parse(chrome).spans:
+        if s.is_kernel:
+            measured[by_name[s.name].stream].append((s.start, s.name, s.args["act"]))
+            durations[s.name].append((s.end - s.start) / 1e9)
+    orders = [[(n, a) for _, n, a in sorted(measured[s.stream.id])] for s in wiring.streams]
+    return orders, [statistics.median(durations[u.name]) for u in wiring.units]
+
+
+def ran_orders(ran: list) -> list[list[tuple[str, int]]]:
+    return [[(e.unit.name, e.acts[0].number) for e in stream] for stream in ran]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["1f1b", "zb1"])
 def test_with_the_measured_durations_each_stream_runs_the_measured_order(name):
     config, plan, chrome = measured_run(name)
     wiring = wire(plan, 0, allocate=False)
-    by_name = {u.name: u for u in wiring.units}
-    measured: dict[int, list] = defaultdict(list)  # per stream thread: (start, unit, act)
-    durations: dict[str, list[float]] = defaultdict(list)
-    for s in parse(chrome).spans:
-        if s.is_kernel:
-            unit = by_name[s.name]
-            measured[unit.stream].append((s.start, s.name, s.args["act"]))
-            durations[s.name].append((s.end - s.start) / 1e9)
-    costs = [statistics.median(durations[u.name]) for u in wiring.units]
+    measured, costs = measured_orders(chrome, wiring)
     orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
     assert ordered_by == "replay"
     ran = simulate(wiring, plan.micro_batches, 1, STEPS, Timing(costs, hop=2e-5), orders)
     assert ran is not None
-    for k, stream in enumerate(wiring.streams):
-        want = [(n, a) for _, n, a in sorted(measured[stream.stream.id])]
-        assert [(e.unit.name, e.acts[0].number) for e in ran[k]] == want, stream.stream.name
+    for stream, got, want in zip(wiring.streams, ran_orders(ran), measured):
+        assert got == want, stream.stream.name
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb1"])
+def test_a_dynamic_runs_order_is_the_protocols_and_where_timing_decides_nothing_the_simulated(name):
+    """Under ``runtime.order: dynamic`` a driver launches, among the units that can act
+    when it looks, the first by priority; which can act depends on when other threads'
+    completions reached it, so where two become ready within a thread's wake-up of each
+    other, the measured order follows the machine's timing (two dynamic 1F1B runs here
+    can differ) and no cost model reproduces it act for act. What holds: each stream
+    runs the simulated acts; the measured order is one the protocol allows (the virtual
+    clock, made to follow it, runs it to the end); and where the priorities decide every
+    choice whatever the timing (GPipe: a stage's queued forwards, then its backwards),
+    the simulated order with the measured durations is the measured one."""
+    config, plan, chrome = measured_run(name, order="dynamic")
+    wiring = wire(plan, 0, allocate=False)
+    measured, costs = measured_orders(chrome, wiring)
+    assert replayed_orders(plan, wiring, config.runtime.order) == (
+        None,
+        "dynamic: order='dynamic' was asked for",
+    )
+    ran = simulate(wiring, plan.micro_batches, 1, STEPS, Timing(costs, hop=2e-5))
+    assert ran is not None
+    simulated = ran_orders(ran)
+    for stream, got, want in zip(wiring.streams, simulated, measured):
+        assert sorted(got) == sorted(want), stream.stream.name
+
+    def follow(orders: list[list[tuple[str, int]]]) -> list | None:
+        again = wire(plan, 0, allocate=False)
+        by_name = {u.name: u for u in again.units}
+        units = [[by_name[n] for n, _ in acts] for acts in orders]
+        return simulate(again, plan.micro_batches, STEPS, 1, Timing(costs, hop=2e-5), units)
+
+    followed = follow(measured)
+    assert followed is not None and ran_orders(followed) == measured
+    longest = max(range(len(measured)), key=lambda k: len(measured[k]))
+    backwards = [acts[::-1] if k == longest else acts for k, acts in enumerate(measured)]
+    assert follow(backwards) is None  # an order the protocol does not allow stalls
+    if name == "gpipe":
+        assert simulated == measured
+        ticks = simulate(wire(plan, 0, allocate=False), plan.micro_batches, 1, STEPS)
+        assert ticks is not None and ran_orders(ticks) == measured  # whatever the timing
 
 
 def test_the_fit_recovers_known_costs_per_kind():
