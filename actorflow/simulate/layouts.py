@@ -178,10 +178,13 @@ def one_device(replica: Config, model: CostModel) -> tuple[int, float]:
     """(parameter bytes, seconds of a core a step's kernels take) of ``replica``'s model on
     one device, its whole batch one micro-batch, no memory limit."""
     raw = replica.to_dict()
-    raw["parallel"] = raw["parallel"] | {"stages": [["cpu:0"]], "tensor_parallel": 1, "micro_batches": 1}
+    raw["parallel"] = raw["parallel"] | {
+        "stages": [["cpu:0"]],
+        "tensor_parallel": 1,
+        "micro_batches": 1,
+        "partition": None,
+    }
     raw["runtime"] = raw["runtime"] | {"max_memory": 2**62}
-    if raw["parallel"].get("partition") is not None:
-        raw["parallel"]["partition"] = None
     plan = compile_config(parse_config(raw, source="one device"), 1, values=False)
     parameters = sum(r.nbytes for r in plan.registers if r.is_parameter)
     return parameters, work(plan, model, 1)
