@@ -183,6 +183,23 @@ def test_stream_threads_share_the_cores_and_wait_for_the_gil():
     assert makespan(run(64, 0.0)) < makespan(run(64, 1.0)) < 0.1
 
 
+@pytest.mark.parametrize("handover", [0.0, 3e-4, 1.0])
+def test_each_run_starts_when_the_last_acts_ended_whatever_the_gil_waits_left_pending(handover):
+    config = load_config("configs/default.yaml", ["train.steps=1"])
+    plan = compile_config(config, 1)
+
+    def makespan(runs: int) -> float:
+        wiring = wire(plan, 0, allocate=False)
+        orders, _ = replayed_orders(plan, wiring, config.runtime.order)
+        host = Host([0] * len(wiring.streams), [0] * len(wiring.streams), 2, handover)
+        timing = Timing(unit_costs(plan, wiring, KNOWN), KNOWN.launch, host=host)
+        ran = simulate(wiring, plan.micro_batches, 1, runs, timing, orders)
+        assert ran is not None
+        return max(e.end for stream in ran for e in stream)
+
+    assert makespan(4) == pytest.approx(4 * makespan(1), rel=1e-9)
+
+
 @pytest.mark.parametrize(("name", "ranks"), [("default", 2), ("2x2", 2), ("2x2", 4)])
 def test_over_ranks_each_send_and_its_receive_end_together_after_the_transfer(name, ranks):
     config = load_config(f"configs/{name}.yaml", ["train.steps=2"])

@@ -128,6 +128,7 @@ def simulate(
     touched: set[int] = set()  # the streams that heard news or ended an act: those that may launch
     events: list[tuple[float, int, object, object]] = []  # (time, kind, order, what): ends, news, GIL
     sequence = 0
+    ended = 0.0  # when the last act ended
 
     def launch(k: int, now: float) -> None:
         if comm[k]:
@@ -205,6 +206,8 @@ def simulate(
             queues[k].dirty(member.unit)
 
     def end(entry: Entry, now: float) -> None:
+        nonlocal ended
+        ended = now
         k = entry.stream
         for member, act in zip(entry.unit.members, entry.acts):
             for slot in act.releases:
@@ -227,7 +230,7 @@ def simulate(
     now = 0.0
     for run in range(runs):
         if run:
-            now += timing.between
+            now = ended + timing.between  # not the last event's time: a stale GIL wait or end may follow
         for unit in wiring.units:
             for member in unit.members:
                 member.state.start(acts_in(member.actor, steps * micro_batches))
