@@ -101,6 +101,23 @@ def test_async_training_s_loss_falls_on_the_default_task_and_its_staleness_stays
         assert most == 0
 
 
+def test_an_async_run_resumes_from_its_checkpoint_with_its_staleness_counts(tmp_path):
+    """Not bit for bit (the order gradients arrive in varies), but from the checkpoint's
+    step, with the servers' parameters, optimizer state and update clocks."""
+    steps = ["parallel.parameter_server.mode=async", "parallel.parameter_server.staleness=1"]
+    keep = f"output.checkpoint={{path: {tmp_path / 'ck'}, every: 8}}"
+    first = train(load_config("configs/parameter_server.yaml", [*steps, "train.steps=8", keep]))
+    (saved,) = (tmp_path / "ck").iterdir()
+    with np.load(next(saved.glob("*.npz"))) as shard:
+        assert any(name.endswith(".clock") for name in shard.files)
+    rest = train(
+        load_config("configs/parameter_server.yaml", [*steps, "train.steps=16"]), resume=str(tmp_path / "ck")
+    )
+    assert (rest.first_step, rest.steps) == (8, 8)
+    assert np.mean(rest.losses) < np.mean(first.losses)
+    assert rest.staleness is not None and 0 <= rest.staleness[0] <= rest.staleness[1] <= 1
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
