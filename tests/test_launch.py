@@ -237,6 +237,9 @@ def stop(rank_script: str, sig: int, *, hang_mpiexec: bool = False) -> tuple[int
     finally:
         proc.kill()
         proc.communicate()
+        for pid in below:  # a launcher that failed its test leaves nothing behind either (a stopped mpiexec)
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
     return status, ranks, below
 
 
