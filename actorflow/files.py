@@ -62,19 +62,16 @@ def check_outputs(
             raise ConfigError(f"{what}: {path} is also {seen[real]}'s path; give each output its own")
         if real in read:
             raise ConfigError(f"{what}: {path} is the run's {read[real]}; it would be overwritten")
-        if folder_wanted and os.path.isdir(real):
+        if folder_wanted and os.path.exists(real):  # an existing folder output is written into
+            if not os.path.isdir(real):
+                raise ConfigError(f"{what}: {path} is a file; give a folder's path")
             if not os.access(real, os.W_OK | os.X_OK):
                 raise ConfigError(f"{what}: folder {path} is not writable")
-            seen[real] = what
-            continue
-        if os.path.exists(real) and folder_wanted:
-            raise ConfigError(f"{what}: {path} is a file; give a folder's path")
-        if os.path.isdir(real):
+        elif os.path.isdir(real):
             raise ConfigError(f"{what}: {path} is a folder; give a file's path")
-        folder = os.path.dirname(real)
-        if not os.path.isdir(folder):
+        elif not os.path.isdir(os.path.dirname(real)):
             raise ConfigError(f"{what}: folder {os.path.dirname(path) or '.'} does not exist")
-        if not os.access(folder, os.W_OK | os.X_OK):
+        elif not os.access(os.path.dirname(real), os.W_OK | os.X_OK):
             raise ConfigError(f"{what}: folder {os.path.dirname(path) or '.'} is not writable")
         seen[real] = what
 

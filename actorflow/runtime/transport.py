@@ -315,8 +315,12 @@ class Transport:
             return
         self._failed = True
         _exit_unfinalized()
+        self.submit(lambda: self._failure_notices(text), None)
+
+    def _failure_notices(self, text: str) -> list:
+        """Start sending ``text`` to every other rank as a failure notice; its requests."""
         notice = text.encode()[:NOTICE_BYTES]
-        self.submit(lambda: [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers], None)
+        return [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers]
 
     def tell(self, peer: int, tag: int, payload: bytes) -> None:
         """Send a control message (``QUERY`` or ``REPLY``) to rank ``peer``."""
@@ -390,11 +394,7 @@ class Transport:
                                 f"{now - heard[peer]:.1f} s (its process died, hangs or was paused longer "
                                 "than lost_after, or its host is unreachable)"
                             )
-                            said = lost.encode()[:NOTICE_BYTES]
-                            self._live.extend(
-                                (self.control.Isend(said, dest=p, tag=FAILED), None, False)
-                                for p in self.peers
-                            )
+                            self._live.extend((r, None, False) for r in self._failure_notices(lost))
                             self._fail(RankError(lost))
                             left.add(peer)
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy

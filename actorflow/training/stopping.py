@@ -89,6 +89,7 @@ class Interrupts:
             self._vote = None
             if self._asked[1]:
                 return True
-        self._asked = np.array([self.heard, False], np.uint8)
-        self._vote = mpi().COMM_WORLD.Iallreduce(self._asked[:1], self._asked[1:], op=mpi().MAX)
+        MPI = mpi()
+        self._asked[:] = (self.heard, False)
+        self._vote = MPI.COMM_WORLD.Iallreduce(self._asked[:1], self._asked[1:], op=MPI.MAX)
         return False
