@@ -267,9 +267,7 @@ class Runtime:
         if unit.fetch is not None:
             self._results[last_micro_batch(number, actor.every) - self._base][unit.fetch] = result
         if self._spans is not None:  # tracing
-            step = number // actor.calls * actor.every // self.plan.micro_batches
-            register = acts[0].outputs[0] if acts[0].outputs else None
-            self.recorder.record(step, self._spans, unit, number, step, start, end, register)
+            self._spans.record(self.recorder, unit, number, start, end, acts)
 
     def stream_finished(self) -> None:
         """A stream's thread completed its acts of this run; the last one wakes trio."""
@@ -387,8 +385,9 @@ class Runtime:
         """The current value of every model parameter, by name (copies; no optimizer state;
         a parameter on several devices as one logical array). Over ranks: this rank's
         devices' parameters (a logical one only where this rank holds all its parts)."""
-        state = {p.name for p in self.plan.parameters if p.state}
-        values = {name: value for name, value in self.values().items() if name not in state}
+        assert self._wiring is not None, "an open Runtime is wired"
+        buffers = self._wiring.buffers
+        values = {p.name: buffers[p.register][0].copy() for p in self._held() if not p.state}
         return assemble(self.plan.logical, "parameter", values)
 
     def values(self) -> dict[str, np.ndarray]:

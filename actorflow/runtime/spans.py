@@ -7,8 +7,8 @@ from typing import Any
 
 from ..plan import Actor, Plan
 from ..plan_check import transfer_peers
-from ..trace.recorder import Span
-from .protocol import last_micro_batch
+from ..trace.recorder import Recorder, Span
+from .protocol import Act, last_micro_batch
 from .wiring import InputSpec, Unit
 
 
@@ -17,6 +17,16 @@ class SpanMaker:
         self.plan = plan
         self._args = {a.id: _span_args(plan, a, rank) for a in plan.actors}
         self._peers = transfer_peers(plan)
+
+    def record(
+        self, recorder: Recorder, unit: Unit, act: int, start: float, end: float, acts: list[Act]
+    ) -> None:
+        """Hand ``recorder`` the span of ``unit``'s act ``act`` (its members' ``acts``),
+        made when spans are read: of a run's kernel, or of a simulated one."""
+        actor = unit.actor
+        step = act // actor.calls * actor.every // self.plan.micro_batches
+        register = acts[0].outputs[0] if acts[0].outputs else None
+        recorder.record(step, self, unit, act, step, start, end, register)
 
     def __call__(
         self, unit: Unit, act: int, iteration: int, start: float, end: float, register: int | None

@@ -185,7 +185,7 @@ def wire(plan: Plan, rank: int | None, across: Across | None = None, allocate: b
     slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
     output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
     members = {a.id: _member(plan, a, slots[a.id]) for a in local}
-    readable = [[_read_only(b) for b in bs] for bs in buffers]
+    readable = [[_read_only(b) for b in bs] for bs in buffers] if allocate else buffers
     for actor in local:
         _wire_member(plan, members[actor.id], members, slots, output_index, buffers, readable)
 
@@ -277,9 +277,7 @@ def _allocate(plan: Plan, rank: int | None, local: list[Actor], allocate: bool) 
     ]
 
 
-def _read_only(buffer: np.ndarray | None) -> np.ndarray | None:
-    if buffer is None:
-        return None
+def _read_only(buffer: np.ndarray) -> np.ndarray:
     view = buffer.view()
     view.flags.writeable = False
     return view

@@ -60,6 +60,8 @@ class Link:
         return self.alpha + nbytes / self.bandwidth
 
 
+NODE = Link(1e-6, 10e9)
+"""Within a node, until a calibration measures it."""
 NETWORK = Link(5e-6, 4e9)
 """Across nodes: what MPI between two ranks of this machine gave (DESIGN.md's facts,
 ~5 us small messages, 2-9 GB/s for 16 MiB); settable in the calibration file."""
@@ -86,7 +88,7 @@ class CostModel:
     launch: float = 0.0
     hop: float = 0.0
     between: float = 0.0
-    node: Link = Link(1e-6, 10e9)
+    node: Link = NODE
     network: Link = NETWORK
     transport: Link = TRANSPORT
     node_size: int = 8

@@ -38,7 +38,7 @@ from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
-from .costs import CalibrationError, CostModel, Link, features, fit, nnls
+from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
@@ -216,13 +216,8 @@ def spans(plan: Plan, entries: Sequence[Entry]) -> dict[str, Any]:
     """The Chrome trace of simulated acts, made as a run's (``runtime.spans``)."""
     recorder = Recorder(True, limit=None)
     maker = SpanMaker(plan, 0)
-    m = plan.micro_batches
     for e in entries:
-        actor = e.unit.actor
-        number = e.acts[0].number
-        step = number // actor.calls * actor.every // m
-        register = e.acts[0].outputs[0] if e.acts[0].outputs else None
-        recorder.record(step, maker, e.unit, number, step, e.start, e.end, register)
+        maker.record(recorder, e.unit, e.acts[0].number, e.start, e.end, e.acts)
     return recorder.to_chrome()
 
 
@@ -261,7 +256,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         launch=launch,
         hop=hop,
         between=gap,
-        node=_node_link(plan, wiring, measured) or CostModel(ops, overall).node,
+        node=_node_link(plan, wiring, measured) or NODE,
         cores=os.cpu_count() or 1,
         model=other["config"]["model"],
     )
