@@ -22,6 +22,8 @@ def _positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from .launch import GRACE
+
     p = argparse.ArgumentParser(
         prog="actorflow",
         description="An actor-model dataflow runtime: compile a graph into a Plan of actors and run it.",
@@ -154,7 +156,7 @@ def parser() -> argparse.ArgumentParser:
         "launch",
         help="start N ranks of a command with MPICH's mpiexec, on this machine by default",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="""\
+        description=f"""\
 Start N ranks of COMMAND with the mpiexec of the mpich wheel (pip install mpi4py mpich).
 
 By default every rank runs on this machine, over loopback only:
@@ -163,7 +165,7 @@ with UCX_TLS=self,sm and UCX_NET_DEVICES=lo unless they are set already.
 -disable-auto-cleanup lets the other ranks report a lost peer instead of being killed.
 Each rank's lines are prefixed with [rank]; the exit status is the worst rank's (128+N
 for one killed by signal N). Ctrl-C and SIGTERM are passed on to the ranks, and what
-is left 10 s later (--grace) is killed. stdin goes to rank 0.
+is left {GRACE:g} s later (--grace) is killed. stdin goes to rank 0.
 
 examples:
   actorflow launch -n 2 -- actorflow run configs/2x2.yaml
@@ -184,9 +186,9 @@ examples:
         "--grace",
         metavar="SECONDS",
         type=float,
-        default=None,
+        default=GRACE,
         help="after Ctrl-C or SIGTERM, kill what is left of the ranks this much later "
-        "(default 10: an interrupted actorflow run writes its report and files first)",
+        f"(default {GRACE:g}: an interrupted actorflow run writes its report and files first)",
     )
     launch.add_argument(
         "--mpiexec-arg",
@@ -266,8 +268,7 @@ def _launch(args) -> int:
         )
         return 2
     try:
-        grace = {} if args.grace is None else {"grace": args.grace}
-        return launch(args.ranks, command, hostfile=args.hostfile, extra=args.mpiexec_args, **grace)
+        return launch(args.ranks, command, hostfile=args.hostfile, extra=args.mpiexec_args, grace=args.grace)
     except MpiexecNotFound as err:
         print(f"actorflow launch: error: {err}", file=sys.stderr)
         return 2

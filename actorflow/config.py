@@ -33,8 +33,8 @@ from cattrs.gen import make_dict_structure_fn
 from .devices import parse_device
 from .errors import ConfigError
 from .plan import DEFAULT_RESOURCES
-from .runtime.transport import LOST_AFTER
 from .text import count
+from .world import LOST_AFTER
 
 Device = NewType("Device", str)
 """A canonical device name: structuring runs the YAML string through parse_device."""
@@ -369,10 +369,9 @@ def _override(raw: Mapping[str, Any], override: str, tell: Callable[[str], None]
         if not isinstance(node, Mapping):
             raise _fail(f"--set {path}", f"{'.'.join(keys[: depth + 1])} is {_shown(node)}, not a mapping")
     section = ".".join(keys[:-1])
-    if keys[-1] == "kind" and value in _ONLY_FOR.get(section, {}) and isinstance(node, Mapping):
-        taken = _ONLY_FOR[section][value]
+    if keys[-1] == "kind" and isinstance(value, str) and value in _ONLY_FOR.get(section, {}):
         others = {name for kind, names in _ONLY_FOR[section].items() if kind != value for name in names}
-        dropped = [key for key in node if key in others and key not in taken]
+        dropped = [key for key in node if key in others]
         for key in dropped:
             raw = _replaced(raw, [*keys[:-1], key], None)
         if dropped:
@@ -533,7 +532,7 @@ def _check(config: Config) -> None:
     """Values first, section by section; then the rules that tie sections together."""
     _check_values(config)
     _check_data(config)
-    _check_optimizer(config.train.optimizer)
+    _check_kind_keys("train.optimizer", config.train.optimizer)
     _check_batching(config)
     _check_stages(config)
     _check_partition(config)
@@ -610,15 +609,22 @@ the section's is refused unless left at its default, and ``--set SECTION.kind=K`
 them."""
 
 
-def _check_model(model: ModelConfig) -> None:
-    for kind, names in _ONLY_FOR["model"].items():
+def _check_kind_keys(section: str, value: Any) -> None:
+    """A key only another kind than ``value.kind`` takes is a mistake, unless it is left at
+    its default (see ``_ONLY_FOR``)."""
+    fields = attrs.fields_dict(type(value))
+    for kind, names in _ONLY_FOR[section].items():
         for name in names:
-            field = attrs.fields_dict(ModelConfig)[name]
-            if kind != model.kind and getattr(model, name) != field.default:
+            if kind != value.kind and getattr(value, name) != fields[name].default:
                 raise _fail(
-                    f"model.{name}",
-                    f"only {kind} uses {name}, but model.kind is {model.kind} (remove it, or --set model.{name}=null)",
+                    f"{section}.{name}",
+                    f"only {kind} uses {name}, but {section}.kind is {value.kind} "
+                    f"(remove it, or --set {section}.{name}=null)",
                 )
+
+
+def _check_model(model: ModelConfig) -> None:
+    _check_kind_keys("model", model)
     if model.kind == "mlp":
         if len(model.sizes) < 2:
             raise _fail(
@@ -648,19 +654,6 @@ def _check_data(config: Config) -> None:
         if (getattr(data, key) is None) == (data.kind == "npy"):
             raise _fail(
                 f"data.{key}", "required for npy data" if data.kind == "npy" else "only npy data reads it"
-            )
-
-
-def _check_optimizer(optimizer: OptimizerConfig) -> None:
-    """A setting the chosen optimizer ignores is a mistake, unless it is left at its default."""
-    used_only_by = {name: kind for kind, names in _ONLY_FOR["train.optimizer"].items() for name in names}
-    for field in attrs.fields(OptimizerConfig):
-        user = used_only_by.get(field.name, optimizer.kind)
-        if user != optimizer.kind and getattr(optimizer, field.name) != field.default:
-            raise _fail(
-                f"train.optimizer.{field.name}",
-                f"only {user} uses {field.name}, but train.optimizer.kind is {optimizer.kind} "
-                f"(remove it, or --set train.optimizer.{field.name}=null)",
             )
 
 

@@ -16,6 +16,17 @@ from typing import IO, Any
 from .errors import ConfigError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+"""Read once, at import: setting the umask to read it is process-wide, and a run's
+threads may be creating files while another file is written."""
+
+
 @contextlib.contextmanager
 def replaced(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]:
     """``with replaced(path) as f: ...``: ``f`` writes a temporary file beside ``path``,
@@ -23,7 +34,7 @@ def replaced(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]
     folder, name = os.path.split(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
     try:
-        os.chmod(temporary, 0o666 & ~_umask())  # as open() would have made it
+        os.chmod(temporary, 0o666 & ~_UMASK)  # as open() would have made it
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
@@ -33,12 +44,6 @@ def replaced(path: str | os.PathLike[str], mode: str = "w") -> Iterator[IO[Any]]
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def check_outputs(

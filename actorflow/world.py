@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import os
 
+LOST_AFTER = 6.0
+"""The default silence (seconds) after which another rank counts as lost (the runtime's
+``lost_after``): a paused process has seconds to come back, and a dead job still stops
+within 10 s."""
+
 _VARIABLES = (
     ("PMI_RANK", "PMI_SIZE"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),

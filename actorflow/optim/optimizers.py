@@ -46,6 +46,13 @@ def _zeros(param: Tensor) -> np.ndarray:
     return np.zeros(param.shape, param.dtype)
 
 
+def _add_update(optimizer: SGD | Adam, param: Tensor, grad: Tensor) -> None:
+    """The update op of ``optimizer`` for ``param``, with its state."""
+    op = optimizer.op
+    _check(op, param, grad)
+    add_node(op, [param, grad, *optimizer.states(param)], [], optimizer.settings(), f"{param.name}.{op}")
+
+
 @attrs.frozen
 class SGD:
     """p -= lr * g, or with momentum: v = momentum * v + g; p -= lr * v."""
@@ -55,8 +62,7 @@ class SGD:
     op: ClassVar[str] = "sgd_update"
 
     def update(self, param: Tensor, grad: Tensor) -> None:
-        _check(self.op, param, grad)
-        add_node(self.op, [param, grad, *self.states(param)], [], self.settings(), f"{param.name}.{self.op}")
+        _add_update(self, param, grad)
 
     def states(self, param: Tensor) -> list[Tensor]:
         return [_state(param, "momentum", _zeros(param))] if self.momentum else []
@@ -75,8 +81,7 @@ class Adam:
     op: ClassVar[str] = "adam_update"
 
     def update(self, param: Tensor, grad: Tensor) -> None:
-        _check(self.op, param, grad)
-        add_node(self.op, [param, grad, *self.states(param)], [], self.settings(), f"{param.name}.{self.op}")
+        _add_update(self, param, grad)
 
     def states(self, param: Tensor) -> list[Tensor]:
         zeros = _zeros(param)

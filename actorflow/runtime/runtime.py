@@ -36,6 +36,7 @@ from ..debug_flags import debug_flags
 from ..errors import KernelError, RankError
 from ..plan import Parameter, Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
+from ..world import LOST_AFTER
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
 from .debug import ActorLog
@@ -47,7 +48,7 @@ from .protocol import Act, act_text, last_micro_batch
 from .replay import Program, Replay, schedule
 from .spans import SpanMaker
 from .stall import Watchdog
-from .transport import LOST_AFTER, Transport
+from .transport import Transport
 from .wiring import Member, Unit, Wiring, wire
 
 Order = Literal["replay", "dynamic"]

@@ -15,9 +15,9 @@ import trio
 
 from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
+from ..world import LOST_AFTER
 from .blas import single_threaded_blas
 from .runtime import Feeds, Order, Runtime
-from .transport import LOST_AFTER
 
 
 def run(

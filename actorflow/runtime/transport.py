@@ -102,6 +102,7 @@ from typing import Any, NamedTuple
 import trio
 
 from ..errors import RankError
+from ..world import LOST_AFTER
 from .device import OnDone
 
 MIN_BACKOFF = 20e-6
@@ -110,9 +111,6 @@ MOVING_BACKOFF = 100e-6
 WATCH_EVERY = 5e-3
 CONTROL_EVERY = 0.02
 HEARTBEAT = 0.5
-LOST_AFTER = 6.0
-"""The default ``lost_after``: a paused process has seconds to come back, and a dead job
-still stops within 10 s."""
 LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
 PR_SET_TIMERSLACK = 29  # prctl(2)
