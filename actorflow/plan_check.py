@@ -33,31 +33,28 @@ LOGICAL_KINDS = ("feed", "output", "parameter")
 def validate(plan: PlanData) -> None:
     """Raise a ``DeadlockError`` for a wait-for cycle and a ``CompileError`` for anything
     else that would make a run fail, hang or go wrong before its kernels do."""
-    _check_header(plan)
-    _check_streams(plan)
-    _check_registers(plan)
-    _check_memory(plan)
-    _check_actors(plan)
-    _check_consumers(plan)
-    _check_chains(plan)
-    _check_transfers(plan)
-    _check_collectives(plan)
-    _check_calls(plan)
-    _check_ends(plan)
-    _check_logical(plan)
-    _check_deadlock(plan)
+    _check(plan, final=True)
 
 
 def lint(plan: PlanData) -> None:
     """What ``validate`` checks that holds between the compiler's passes too: all but
     the actors' and collectives' streams and syncs and the planned memory, which the
     later passes decide."""
+    _check(plan, final=False)
+
+
+def _check(plan: PlanData, final: bool) -> None:
     _check_header(plan)
     _check_streams(plan)
     _check_registers(plan)
+    if final:
+        _check_memory(plan)
+        _check_actors(plan)
     _check_consumers(plan)
     _check_chains(plan)
     _check_transfers(plan)
+    if final:
+        _check_collectives(plan)
     _check_calls(plan)
     _check_ends(plan)
     _check_logical(plan)
@@ -419,7 +416,7 @@ def _check_transfers(plan: PlanData) -> None:
         if a.kind not in ("send", "recv"):
             continue
         peer, tag = a.attrs.get("peer"), a.attrs.get("tag")
-        if not _is_int(peer) or not _is_int(tag):
+        if not is_int(peer) or not is_int(tag):
             raise CompileError(
                 f"{a.kind} actor {a.name!r} needs integer attributes peer and tag, has {a.attrs}"
             )
@@ -453,7 +450,8 @@ def _specs(registers: Sequence[Any]) -> str:
     return ", ".join(f"{r.dtype}{list(r.shape)}" for r in registers) or "nothing"
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int, not a bool (which Python counts as one)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -14,6 +14,7 @@ from ..devices import parse_device
 from ..errors import CompileError
 from ..graph.ir import Tensor
 from ..plan import DEFAULT_RESOURCES, Resources
+from ..plan_check import is_int
 from .ranks import Ranks
 from .reuse import reuse_limit
 from .schedules import SCHEDULES
@@ -23,7 +24,7 @@ Check = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 def _integer(least: int) -> Check:
     def check(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not _is_int(value) or value < least:
+        if not is_int(value) or value < least:
             raise CompileError(f"{attribute.name}: an int >= {least}, got {value!r}")
 
     return check
@@ -32,10 +33,6 @@ def _integer(least: int) -> Check:
 def _flag(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if not isinstance(value, bool):
         raise CompileError(f"{attribute.name}: True or False, got {value!r}")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
@@ -65,7 +62,7 @@ def _quota_names(quotas: Mapping[str | Tensor, int] | None) -> dict[str, int]:
         raise CompileError(f"quotas: a mapping of tensor (or name) to quota, got {quotas!r}")
     named = {(k.name if isinstance(k, Tensor) else k): v for k, v in quotas.items()}
     for name, q in named.items():
-        if not _is_int(q) or q < 1:
+        if not is_int(q) or q < 1:
             raise CompileError(f"quotas: {name}: a quota is an int >= 1, got {q!r}")
     return named
 
