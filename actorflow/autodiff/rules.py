@@ -180,7 +180,9 @@ def _call(node, ins, outs, douts):
             f"gradients: af.ops.call {node.name!r} (built at {node.where}) has no gradient: "
             "give it grad=fn_grad, fn_grad(*inputs, dout) returning one gradient per input"
         )
-    return [ops.call_grad(grad, ins, douts[0], k) if is_float(x.dtype) else None for k, x in enumerate(ins)]
+    wanted = [k for k, x in enumerate(ins) if is_float(x.dtype)]
+    grads = dict(zip(wanted, ops.call_grad(grad, ins, douts[0], wanted)))
+    return [grads.get(k) for k in range(len(ins))]
 
 
 @rule("full")

@@ -297,11 +297,11 @@ def call(
     return t
 
 
-def call_grad(fn: Callable, inputs: Sequence[Tensor], dout: Tensor, input: int) -> Tensor:
-    """The gradient of a ``call``'s input ``input``: ``fn(*inputs, dout)``'s entry ``input``."""
-    x = inputs[input]
-    (t,) = add_node("call_grad", [*inputs, dout], [(x.shape, x.dtype, x.device)], {"fn": fn, "input": input})
-    return t
+def call_grad(fn: Callable, inputs: Sequence[Tensor], dout: Tensor, wanted: Sequence[int]) -> list[Tensor]:
+    """The gradients of a ``call``'s inputs ``wanted``: entries of ``fn(*inputs, dout)``,
+    which one act computes once for all of them."""
+    outputs = [(inputs[k].shape, inputs[k].dtype, inputs[k].device) for k in wanted]
+    return add_node("call_grad", [*inputs, dout], outputs, {"fn": fn, "wanted": tuple(wanted)})
 
 
 def full(

@@ -125,8 +125,9 @@ def call(ins, outs, fn, grad=None):
     _assign(fn, _run(fn, ins), outs[0])
 
 
-def call_grad(ins, outs, fn, input):
-    """Input ``input``'s gradient of a ``call``: ``fn(*inputs, dout)`` returns one per input."""
+def call_grad(ins, outs, fn, wanted):
+    """The gradients of a ``call``'s inputs ``wanted``, one an output: ``fn(*inputs, dout)``
+    returns one per input."""
     grads = _run(fn, ins)
     if len(ins) == 2 and not isinstance(grads, (tuple, list)):
         grads = (grads,)
@@ -135,7 +136,8 @@ def call_grad(ins, outs, fn, input):
             f"{_name(fn)} returned {type(grads).__name__}, but a gradient function returns "
             f"a tuple of {len(ins) - 1} gradients, one per input of the call"
         )
-    _assign(fn, grads[input], outs[0])
+    for k, out in zip(wanted, outs):
+        _assign(fn, grads[k], out)
 
 
 def _name(fn) -> str:
