@@ -159,7 +159,8 @@ def train(
         if saved is not None:
             session.load(saved.values)
         parts = local_feeds(plan, rank)
-        keep, shard = config.output.checkpoint, checkpoint.arrays(plan, rank)
+        keep = config.output.checkpoint
+        shard = checkpoint.arrays(plan, rank) if keep is not None else {}
         meet = None if plan.world == 1 else functools.partial(gather, check=session.check)
         start = time.perf_counter()
         with Interrupts(plan.world) as interrupts:
@@ -206,7 +207,7 @@ def train(
             counted = parameter_server.summed([c for *_, c in gathered])
             if trace is not None:
                 write_chrome(with_config(chrome, config), trace)
-    result = measure(
+    return measure(
         config,
         plan,
         chrome,
@@ -221,8 +222,9 @@ def train(
             plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in config.parallel.stages
         ],
         trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
+        first_step=first,
+        staleness=parameter_server.described(counted),
     )
-    return attrs.evolve(result, first_step=first, staleness=parameter_server.described(counted))
 
 
 def measure(
@@ -240,6 +242,8 @@ def measure(
     trace_note: str = "",
     predicted: bool = False,
     stopped: Stop | None = None,
+    first_step: int = 0,
+    staleness: tuple[float, int] | None = None,
 ) -> RunResult:
     """What a run of ``config``'s ``plan`` did, from its trace (``chrome``), its registers'
     ``stats`` and its ``seconds``: a measured run's, or a simulated one's
@@ -286,6 +290,8 @@ def measure(
         predicted=predicted,
         stopped=stopped,
         steps=steps,
+        first_step=first_step,
+        staleness=staleness,
     )
 
 
