@@ -292,11 +292,8 @@ def _compile(config, args) -> int:
 
 
 def _simulate(config, args) -> int:
-    import json
-
     from .files import check_outputs, replaced, write_json
-    from .simulate import CalibrationError, CostModel, calibrate, predict
-    from .simulate.costs import shipped
+    from .simulate import cost_model, predict
     from .simulate.layouts import parse_layout, predict_layout, search
     from .trace.recorder import write_chrome
     from .training.report import metrics, table
@@ -312,22 +309,7 @@ def _simulate(config, args) -> int:
                 "model, fitted on a 2-core VM, not this machine",
                 file=sys.stderr,
             )
-            model = shipped(config.model.kind)
-        else:
-            try:
-                with open(args.calibrate) as f:
-                    data = json.load(f)
-            except (OSError, ValueError) as err:
-                raise CalibrationError(f"{args.calibrate}: cannot read a calibration: {err}") from None
-            if isinstance(data, dict) and "traceEvents" in data:
-                model = calibrate(data, args.calibrate)
-            else:
-                model = CostModel.from_json(json.dumps(data), args.calibrate)
-        if model.model.get("kind") != config.model.kind:
-            raise CalibrationError(
-                f"{args.calibrate}: fitted on a {model.model.get('kind')} model, this config's is a "
-                f"{config.model.kind}: calibrate on a run of this model"
-            )
+        model = cost_model(args.calibrate, config.model.kind)
         if args.save_calibration:
             with replaced(args.save_calibration) as f:
                 f.write(model.to_json())

@@ -3,6 +3,6 @@ fitted from a measured run (``costs``, ``predict``), and the search for the fast
 layouts (``layouts``)."""
 
 from .costs import CalibrationError, CostModel, Link
-from .predict import Prediction, calibrate, predict
+from .predict import Prediction, calibrate, cost_model, predict
 
-__all__ = ["CalibrationError", "CostModel", "Link", "Prediction", "calibrate", "predict"]
+__all__ = ["CalibrationError", "CostModel", "Link", "Prediction", "calibrate", "cost_model", "predict"]

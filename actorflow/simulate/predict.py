@@ -18,6 +18,7 @@ participant, then takes the alpha-beta time over the ranks' link.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -38,7 +39,7 @@ from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
-from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls
+from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, shipped
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
@@ -219,6 +220,31 @@ def spans(plan: Plan, entries: Sequence[Entry]) -> dict[str, Any]:
     for e in entries:
         maker.record(recorder, e.unit, e.acts[0].number, e.start, e.end, e.acts)
     return recorder.to_chrome()
+
+
+def cost_model(path: str | None, kind: str) -> CostModel:
+    """The cost model in the file at ``path`` (a trace of ``actorflow run --trace``, fitted
+    here, or a saved calibration), or the one shipped for a ``kind`` model when None; a
+    CalibrationError for a file that is neither, or of another model."""
+    if path is None:
+        return shipped(kind)
+    try:
+        with open(path) as f:
+            text = f.read()
+        data = json.loads(text)
+    except (OSError, ValueError) as err:
+        raise CalibrationError(f"{path}: cannot read a calibration: {err}") from None
+    model = (
+        calibrate(data, path)
+        if isinstance(data, dict) and "traceEvents" in data
+        else CostModel.from_json(text, path)
+    )
+    if model.model.get("kind") != kind:
+        raise CalibrationError(
+            f"{path}: fitted on a {model.model.get('kind')} model, this config's is a {kind}: "
+            "calibrate on a run of this model"
+        )
+    return model
 
 
 def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
