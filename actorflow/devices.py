@@ -13,3 +13,9 @@ def parse_device(device: str) -> str:
     if match is None:
         raise ValueError(f"unknown device {device!r}: devices are 'cpu:N' (N = 0, 1, ...)")
     return f"{match.group(1)}:{int(match.group(2))}"
+
+
+def device_order(device: str) -> tuple[str, int]:
+    """A sort key putting devices in their numbers' order (``cpu:2`` before ``cpu:10``)."""
+    kind, _, index = device.partition(":")
+    return (kind, int(index)) if index.isdigit() else (kind, -1)

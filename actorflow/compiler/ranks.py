@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..devices import device_order
 from ..errors import CompileError
 from ..ops import kernels
 from ..plan import Actor, Consumer, Input, Output, Plan
@@ -38,7 +39,7 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
     - a list with a device, or a list of devices, per rank: exactly that (a rank may
       hold none; each of the plan's devices is listed once).
     """
-    order = sorted(devices, key=_device_order)
+    order = sorted(devices, key=device_order)
     if ranks is None:
         ranks = world_size()
     if isinstance(ranks, int):
@@ -61,7 +62,7 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
 
 
 def plan_devices(plan: Plan) -> list[str]:
-    return sorted({a.device for a in plan.actors} | {r.device for r in plan.registers}, key=_device_order)
+    return sorted({a.device for a in plan.actors} | {r.device for r in plan.registers}, key=device_order)
 
 
 def split_ranks(plan: Plan, placement: dict[str, int], world: int) -> Plan:
@@ -94,7 +95,7 @@ class _Split:
     def home(self, rank: int) -> str:
         """Where a rank keeps what it receives for the host: its first device, or the rank itself."""
         held = [d for d, r in self.plan.ranks.items() if r == rank]
-        return min(held, key=_device_order) if held else f"rank{rank}"
+        return min(held, key=device_order) if held else f"rank{rank}"
 
     def _deliver_outputs(self) -> None:
         for out in list(self.outputs):
@@ -192,8 +193,3 @@ def _transfer(producer: Actor, kind: str, name: str, device: str, attributes: di
         backward=producer.backward,
         weight_grad=producer.weight_grad,
     )
-
-
-def _device_order(device: str) -> tuple:
-    kind, _, index = device.partition(":")
-    return (kind, int(index)) if index.isdigit() else (kind, -1)

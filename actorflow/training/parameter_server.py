@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import ops
 from ..config import Config
-from ..devices import parse_device
+from ..devices import device_order, parse_device
 from ..errors import ConfigError
 from ..graph.builder import parameter
 from ..graph.ir import Graph, Tensor
@@ -53,7 +53,7 @@ def server_devices(config: Config) -> tuple[str, ...]:
     ps = config.parallel.parameter_server
     if ps is None:
         return ()
-    last = max(int(parse_device(d).split(":")[1]) for d in config.parallel.devices)
+    last = max(device_order(parse_device(d))[1] for d in config.parallel.devices)
     return tuple(f"cpu:{last + 1 + k}" for k in range(ps.servers))
 
 
@@ -163,7 +163,7 @@ def rank_devices(config: Config, world: int) -> list[list[str]]:
     """The devices of each of ``world`` ranks: the workers' over the first ranks, in order
     and as even as they go, and each server's alone on one of the last ranks."""
     servers = server_devices(config)
-    workers = sorted(config.parallel.devices, key=lambda d: int(d.split(":")[1]))
+    workers = sorted(config.parallel.devices, key=device_order)
     first = world - len(servers)
     if not 1 <= first <= len(workers):
         raise ConfigError(
@@ -192,7 +192,7 @@ def roles(config: Config, plan: Plan) -> list[str]:
         held[device] = held.get(device, 0) + plan.registers[p.register].nbytes
     pulled, pushed = _traffic(plan)
     for rank in range(plan.world):
-        devices = sorted((d for d, r in plan.ranks.items() if r == rank), key=lambda d: int(d.split(":")[1]))
+        devices = sorted((d for d, r in plan.ranks.items() if r == rank), key=device_order)
         for device in devices:
             if device in servers:
                 lines.append(
