@@ -55,3 +55,8 @@ class KernelError(ActorflowError, ValueError):
     def __init__(self, message: str, input: int | None = None) -> None:
         super().__init__(message)
         self.input = input
+
+
+class DeviceError(ActorflowError, RuntimeError):
+    """A device the plan names can't be used here: a ``cuda:`` device without CuPy or
+    without a GPU (the message says which, and the extra that installs CuPy)."""

@@ -39,7 +39,7 @@ def _baseline_without(fragment: str) -> str:
     return BASELINE_YAML.replace(fragment, "")
 
 
-_UNKNOWN_DEVICE = "devices are 'cpu:N' (N = 0, 1, ...)"
+_UNKNOWN_DEVICE = "devices are 'cpu:N' or 'cuda:N' (N = 0, 1, ...)"
 _DP3_STAGES = "parallel.stages=[[cpu:0, cpu:1, cpu:2], [cpu:3, cpu:4, cpu:5]]"
 
 # (id, spec, message): spec is a whole YAML document (str) or a tuple of --set overrides

@@ -1,15 +1,21 @@
-"""The numpy kernels behind every op.
+"""The kernels behind every op.
 
 A kernel is ``kernel(ins, outs, **attrs)``: it reads the input arrays and writes into the
 preallocated output arrays (``out=``), so a run allocates no register memory. Collective
 kernels get the inputs and outputs of all participants, in participant order. The Plan
 names kernels by import path, so each one is a module-level function.
+
+The same kernels run on a GPU: there the arrays are CuPy's, and numpy's functions and
+ufuncs hand them to CuPy's (NEP 18 and 13); where that can't work (making an array,
+mixing in a host array, a function CuPy lacks), a kernel asks the arrays for their
+namespace (``arrays.namespace``).
 """
 
 import math
 
 import numpy as np
 
+from ..arrays import copy_into, namespace
 from ..errors import KernelError
 
 
@@ -17,7 +23,7 @@ def matmul(ins, outs, transpose_a=False, transpose_b=False):
     """a @ b, either operand read transposed (a view: BLAS takes it as it is, no copy)."""
     a = ins[0].swapaxes(-1, -2) if transpose_a else ins[0]
     b = ins[1].swapaxes(-1, -2) if transpose_b else ins[1]
-    np.matmul(a, b, out=outs[0])
+    namespace(a).matmul(a, b, out=outs[0])
 
 
 def add(ins, outs):
@@ -177,8 +183,10 @@ def _written(fn, ins) -> int | None:
 
 def _assign(fn, result, out) -> None:
     """Write ``fn``'s result into ``out``: an array of the declared shape and dtype, or a
-    plain Python value numpy casts to that dtype within its kind."""
-    value = np.asarray(result)
+    plain Python value numpy casts to that dtype within its kind (a user kernel on a GPU
+    returns a CuPy array)."""
+    xp = namespace(out)
+    value = xp.asarray(result)
     if value.shape == out.shape and value.dtype == out.dtype:
         out[...] = value  # the common case, at half copyto's cost on small arrays
         return
@@ -187,12 +195,12 @@ def _assign(fn, result, out) -> None:
         raise KernelError(f"{_name(fn)} returned None, but the graph declared {declared}")
     if value.shape != out.shape:
         raise KernelError(f"{_name(fn)} returned shape {value.shape}, but the graph declared {declared}")
-    if isinstance(result, (np.ndarray, np.generic)) or not np.can_cast(value.dtype, out.dtype, "same_kind"):
+    if isinstance(result, (xp.ndarray, np.generic)) or not np.can_cast(value.dtype, out.dtype, "same_kind"):
         raise KernelError(
             f"{_name(fn)} returned {value.dtype}, but the graph declared {declared}: "
             f"return {out.dtype} (say .astype(np.{out.dtype})) or declare dtype={str(value.dtype)!r}"
         )
-    np.copyto(out, value, casting="same_kind")
+    xp.copyto(out, value, casting="same_kind")
 
 
 def noop(ins, outs):
@@ -204,8 +212,9 @@ def full(ins, outs, value):
 
 
 def copy(ins, outs):
-    """A device-to-device copy, a feed from the host, or the like: one array into another."""
-    np.copyto(outs[0], ins[0])
+    """A device-to-device copy, a feed from the host, or the like: one array into another
+    (between host and GPU too)."""
+    copy_into(outs[0], ins[0])
 
 
 def fetch(ins, outs):

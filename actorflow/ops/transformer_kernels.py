@@ -4,11 +4,13 @@ import functools
 
 import numpy as np
 
+from ..arrays import namespace
 from .kernels import softmax
 
 
 def _check_ids(ids, vocab):
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+    """On the host only: on a GPU the check would make the host wait for the ids."""
+    if ids.size and isinstance(ids, np.ndarray) and (ids.min() < 0 or ids.max() >= vocab):
         bad = ids[(ids < 0) | (ids >= vocab)]
         raise ValueError(f"embedding: ids must be rows of the table, in [0, {vocab}), got {bad[:5].tolist()}")
 
@@ -18,7 +20,10 @@ def embedding(ins, outs):
     itself need not check, nor buffer its output)."""
     ids, table = ins
     _check_ids(ids, table.shape[0])
-    np.take(table, ids, axis=0, out=outs[0], mode="clip")
+    if isinstance(table, np.ndarray):
+        np.take(table, ids, axis=0, out=outs[0], mode="clip")
+    else:  # CuPy's take has no mode, and never buffers its output
+        namespace(table).take(table, ids, axis=0, out=outs[0])
 
 
 def embedding_grad(ins, outs):
@@ -27,7 +32,7 @@ def embedding_grad(ins, outs):
     out = outs[0]
     _check_ids(ids, out.shape[0])
     out.fill(0)
-    np.add.at(out, ids.reshape(-1), dy.reshape(-1, out.shape[1]))
+    namespace(out).add.at(out, ids.reshape(-1), dy.reshape(-1, out.shape[1]))
 
 
 def _along(v, axis, ndim):
@@ -77,10 +82,12 @@ def layer_norm_grad(ins, outs, axis, eps):
 
 
 @functools.cache
-def _future(s):
-    """True where key j comes after query i (j > i): what row i may not see."""
-    mask = np.triu(np.ones((s, s), dtype=np.bool_), k=1)
-    mask.flags.writeable = False
+def _future(xp, s, device=None):
+    """True where key j comes after query i (j > i): what row i may not see (made once
+    per array module, size and GPU)."""
+    mask = xp.triu(xp.ones((s, s), dtype=np.bool_), k=1)
+    if xp is np:
+        mask.flags.writeable = False
     return mask
 
 
@@ -89,5 +96,6 @@ def causal_softmax(ins, outs):
     there, and the diagonal keeps every row's maximum finite."""
     out = outs[0]
     np.copyto(out, ins[0])
-    np.copyto(out, -np.inf, where=_future(out.shape[-1]))
+    xp = namespace(out)
+    np.copyto(out, -np.inf, where=_future(xp, out.shape[-1], None if xp is np else out.device.id))
     softmax([out], [out], axis=-1)

@@ -20,14 +20,22 @@ def sgd_update(ins, outs, lr, momentum):
 def adam_update(ins, outs, lr, beta1, beta2, eps):
     p, g, m, v, t = ins
     t += 1
-    step = float(t)
+    # on a GPU the step stays there (float() would make the host wait), its bias
+    # corrections rounded to the parameter's dtype as a Python float's would be
+    step = float(t) if isinstance(t, np.ndarray) else t.astype(np.float64)
     m *= beta1
     m += (1 - beta1) * g
     v *= beta2
     v += (1 - beta2) * np.square(g)
-    m_hat = m / (1 - beta1**step)
-    v_hat = v / (1 - beta2**step)
+    m_hat = m / _dtype_of(m, 1 - beta1**step)
+    v_hat = v / _dtype_of(v, 1 - beta2**step)
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def _dtype_of(x, correction):
+    """A bias correction as ``x``'s arithmetic takes it: a Python float as it is, a
+    device scalar rounded to ``x``'s dtype (what numpy does with the Python float)."""
+    return correction if isinstance(correction, float) else correction.astype(x.dtype)
 
 
 def snapshot(ins, outs):

@@ -11,7 +11,7 @@ Two seams, one per way of ordering acts:
   thread per stream; a GPU (CUDA streams and events) or a virtual clock would be
   classes beside it, taking the same ``replay.Program``.
 - ``Stream`` (the drivers, ``driver``): takes launched kernels and runs them one after
-  another; it reports each kernel's end through the ``on_done(ctx, result, start, end,
+  another, after the events it was told to ``wait`` on; it reports each kernel's end through the ``on_done(ctx, result, start, end,
   ok)`` it was made with, counts the kernels launched and finished, and knows the one
   running, for the stall report. ``CpuStream`` (a stream thread of this process: the
   thread that runs the stream's driver runs its kernels, so launching is calling and
@@ -71,9 +71,18 @@ class Stream(Protocol):
     done: int
     running: Any
     """The ``ctx`` of the kernel running now, or None."""
+    event: Any
+    """What another stream waits on for the last launched kernel's work (a CUDA event),
+    or None where its end, when reported, means the work is done."""
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
         """Run ``kernel(ins, outs)`` after the kernels launched before it."""
+
+    def wait(self, event: Any) -> None:
+        """Kernels launched from now on start after ``event`` (another stream's)."""
+
+    def finish(self) -> None:
+        """Return once the work launched so far is done (the end of a run)."""
 
     def close(self) -> None:
         """Launch nothing more; the kernel in progress ends on its own."""
@@ -87,6 +96,7 @@ class CpuStream:
         self.submitted = 0
         self.done = 0
         self.running: Any = None
+        self.event = None
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
         """Run the kernel now, on this (the stream's) thread, and report its end."""
@@ -101,6 +111,13 @@ class CpuStream:
         self.running = None
         self.done = self.submitted
         self._on_done(ctx, result, start, end, ok)
+
+    def wait(self, event: Any) -> None:
+        """A host kernel that reads what a GPU wrote waits for it here, on the host."""
+        event.synchronize()
+
+    def finish(self) -> None:
+        """Nothing queued: every kernel ended when it was launched."""
 
     def close(self) -> None:
         """Nothing to stop: the kernel in progress ends on its own, and none follows."""

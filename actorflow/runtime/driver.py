@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from .device import CpuStream, Fence, Stream
+from .device import CpuStream, Fence, OnDone, Stream
 from .launching import LaunchQueue, can_act
 from .protocol import Act
 from .transport import CommExecutor, Transport
@@ -31,19 +32,23 @@ from .wiring import Member, Unit, arrays
 
 
 class Ready(NamedTuple):
-    """Buffer ``buffer`` of a producer's register is ready for input ``slot`` of ``consumer``."""
+    """Buffer ``buffer`` of a producer's register is ready for input ``slot`` of ``consumer``
+    (on a GPU: once ``event`` is, see ``device.Stream.event``)."""
 
     consumer: Member
     slot: int
     buffer: int
+    event: Any = None
 
 
 class Free(NamedTuple):
-    """A consumer is done with buffer ``buffer`` of output ``out`` of ``producer``."""
+    """A consumer is done with buffer ``buffer`` of output ``out`` of ``producer`` (on a
+    GPU: once ``event`` is)."""
 
     producer: Member
     out: int
     buffer: int
+    event: Any = None
 
 
 class Start(NamedTuple):
@@ -101,7 +106,9 @@ class Driver:
     the transport runs, completing in any order, and whose loop runs on the transport's
     thread (``turn``). ``start`` starts the stream's thread; ``post`` and ``close``
     are safe from any thread; everything else runs on the stream's thread.
-    ``actor_log``: None, or the ``debug.ActorLog`` told of every act attempt."""
+    ``actor_log``: None, or the ``debug.ActorLog`` told of every act attempt;
+    ``device``: makes the stream its kernels run on, given its ``on_done``, where that is
+    not a host thread (a GPU's: ``cuda.CudaStream``)."""
 
     def __init__(
         self,
@@ -112,11 +119,14 @@ class Driver:
         transport: Transport | None = None,
         recording: bool = False,
         actor_log: Any = None,
+        device: Callable[[OnDone], Stream] | None = None,
     ) -> None:
         self.host = host
         self.name = name
         self.stream: Stream = (
-            CpuStream(name, self._complete, timed=recording)
+            device(self.complete)
+            if device is not None
+            else CpuStream(name, self.complete, timed=recording)
             if transport is None
             else CommExecutor(name, transport, self._on_comm_done)
         )
@@ -189,14 +199,18 @@ class Driver:
     def _handle(self, message: Message) -> None:
         if type(message) is Ready:
             member = message.consumer
+            if message.event is not None:
+                self.stream.wait(message.event)
             member.state.on_ready(message.slot, message.buffer)
             self.queue.dirty(member.unit)
         elif type(message) is Free:
             member = message.producer
+            if message.event is not None:
+                self.stream.wait(message.event)
             if member.state.on_free(message.out, message.buffer):
                 self.queue.dirty(member.unit)
         elif type(message) is Done:
-            self._complete(*message)
+            self.complete(*message)
         elif type(message) is Start:
             for unit in self.units:
                 for m in unit.members:
@@ -251,7 +265,7 @@ class Driver:
     peers: dict[int, Driver]
     """Every driver of this rank, by plan stream id: set by the runtime."""
 
-    def _complete(self, ctx: tuple[Unit, list[Act]], result: Any, start: float, end: float, ok: bool) -> None:
+    def complete(self, ctx: tuple[Unit, list[Act]], result: Any, start: float, end: float, ok: bool) -> None:
         unit, acts = ctx
         number = acts[0].number
         if not ok:
@@ -275,6 +289,7 @@ class Driver:
         if finished:
             self.unfinished -= finished
             if self.unfinished == 0:
+                self.stream.finish()
                 self.host.stream_finished()
 
     def _send_ready(self, consumer: Member, slot: int, index: int) -> None:
@@ -283,7 +298,7 @@ class Driver:
             consumer.state.on_ready(slot, index)
             self.queue.dirty(consumer.unit)
         else:
-            driver.post(Ready(consumer, slot, index))
+            driver.post(Ready(consumer, slot, index, self.stream.event))
 
     def _send_free(self, producer: Member, out: int, index: int) -> None:
         driver = self.peers[producer.unit.stream]
@@ -291,4 +306,4 @@ class Driver:
             if producer.state.on_free(out, index):
                 self.queue.dirty(producer.unit)
         else:
-            driver.post(Free(producer, out, index))
+            driver.post(Free(producer, out, index, self.stream.event))

@@ -27,11 +27,12 @@ import math
 import queue
 import threading
 import time
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import attrs
 
 from ..plan import Plan
+from .cuda import Gpus
 from .driver import Host
 from .virtual import Entry, simulate
 from .wiring import Unit, Wiring, acts_in, arrays, wire
@@ -151,8 +152,11 @@ class Replay:
     """Every stream of a replayed plan: its thread, its instructions, the counts they
     wait on, and the buffers held per register (``peaks``)."""
 
-    def __init__(self, wiring: Wiring, program: Program, host: Host, recording: bool) -> None:
+    def __init__(
+        self, wiring: Wiring, program: Program, host: Host, recording: bool, gpus: Gpus | None = None
+    ) -> None:
         self.host = host
+        self.gpus = gpus
         self.program = program
         self.sizes = [len(block) for block in program.blocks]
         self.counts = [0] * len(self.sizes)
@@ -167,6 +171,7 @@ class Replay:
         """Steps run since the runtime opened."""
         taken, released, released_by = self._held_slots(wiring)
         puts = [inbox.put for inbox in self.inboxes]
+        events = _events(wiring, program, gpus)
         self.streams: list[ReplayStream] = []
         for k, s in enumerate(wiring.streams):
             instructions = []
@@ -175,6 +180,14 @@ class Replay:
                 unit = wiring.units[entry.unit.id]  # the real unit of the simulated one
                 units.append(unit)
                 ins, outs = arrays(unit, entry.acts)
+                kernel = unit.kernel
+                if gpus is not None:
+                    gpu_waits = [
+                        events[w][(c - 1) % self.sizes[w]] for w, c in program.waits[k][j] if events[w]
+                    ]
+                    kernel = gpus.replayed(
+                        kernel, s.stream.id, gpu_waits, events[k][j] if events[k] else None
+                    )
                 special = None
                 if unit.feed is not None or unit.fetch is not None or recording:
                     special = Special(unit, entry, recording)
@@ -192,7 +205,7 @@ class Replay:
                     frees.extend(released_by[(member.actor.id, slot)] for slot in act.releases)
                 instructions.append(
                     (
-                        unit.kernel,
+                        kernel,
                         ins,
                         outs,
                         program.waits[k][j],
@@ -203,7 +216,7 @@ class Replay:
                         entry.step,
                     )
                 )
-            self.streams.append(ReplayStream(self, k, s.stream.name, instructions, units))
+            self.streams.append(ReplayStream(self, k, s.stream.id, s.stream.name, instructions, units))
 
     def _held_slots(self, wiring: Wiring) -> tuple[dict, dict, dict]:
         """Places in ``marks``: per output with consumers, its count of buffers taken, and
@@ -289,6 +302,19 @@ class Replay:
             stream = self.streams[stream.waiting[0]]
 
 
+def _events(wiring: Wiring, program: Program, gpus: Gpus | None) -> list[list[Any]]:
+    """Per stream of a GPU, per instruction another stream waits on, the CUDA event it
+    records after it; an empty list for a host stream. An instruction's event is recorded
+    again in every block; a stream that comes to wait on it after the next record waits
+    for more than it must, never less, and never on work queued after its own."""
+    if gpus is None:
+        return [[] for _ in program.blocks]
+    return [
+        [gpus.event() if wakes else None for wakes in program.wakes[k]] if gpus.on_gpu(s.stream.id) else []
+        for k, s in enumerate(wiring.streams)
+    ]
+
+
 class Run(NamedTuple):
     """A run, as each stream is handed it: its steps, the first one's number since the
     runtime opened, every stream's count and first block when it began, and this
@@ -306,7 +332,13 @@ class ReplayStream:
     handed; ``units``: for each, the unit it launches."""
 
     def __init__(
-        self, replay: Replay, index: int, name: str, instructions: list[tuple], units: list[Unit]
+        self,
+        replay: Replay,
+        index: int,
+        plan_stream: int,
+        name: str,
+        instructions: list[tuple],
+        units: list[Unit],
     ) -> None:
         self.replay = replay
         self.index = index
@@ -317,6 +349,7 @@ class ReplayStream:
         self.current = Run(0, 0, [0] * len(replay.sizes), [0] * len(replay.sizes), range(0))
         self.waiting: tuple[int, int] | None = None
         """(stream, count) it waits for, while it waits."""
+        self.plan_stream = plan_stream
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
     def _serve(self) -> None:
@@ -331,6 +364,8 @@ class ReplayStream:
                 return
             if replay.closed:
                 return
+            if replay.gpus is not None:
+                replay.gpus.finish(self.plan_stream)
             replay.host.stream_finished()
 
     def _run(self, run: Run) -> None:

@@ -32,13 +32,16 @@ from typing import Any, Literal
 import numpy as np
 import trio
 
+from ..arrays import copy_into, to_host
 from ..debug_flags import debug_flags
+from ..devices import is_cuda
 from ..errors import KernelError, RankError
 from ..plan import Parameter, Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from ..world import LOST_AFTER
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
+from .cuda import CudaStream, Gpus
 from .debug import ActorLog
 from .device import Programs
 from .driver import Driver, Start
@@ -100,6 +103,7 @@ class Runtime:
         # None unless ACTORFLOW_DEBUG=actors: the drivers check it once per act attempt.
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
+        self._gpus: Gpus | None = None  # where this rank has cuda devices
         self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
         self._replay: Programs | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
@@ -167,7 +171,8 @@ class Runtime:
         plan = self.plan
         transport = self._transport
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
-        wiring = self._wiring = wire(plan, self.rank, across)
+        gpus = self._gpus = Gpus(plan, self.rank) if _on_gpus(plan, self.rank) else None
+        wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if self.order == "dynamic":
             program: Program | str = "order='dynamic' was asked for"
         elif self._actor_log is not None:
@@ -176,12 +181,24 @@ class Runtime:
             program = schedule(plan, self.rank)
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
-            self._replay = Replay(wiring, program, self, self.recorder.enabled)
+            self._replay = Replay(wiring, program, self, self.recorder.enabled, gpus)
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None
+                device = None
+                if gpus is not None and gpus.on_gpu(s.stream.id):
+                    device = functools.partial(
+                        CudaStream, s.stream.name, cuda=gpus.streams[s.stream.id], gpus=gpus
+                    )
                 self._drivers[s.stream.id] = Driver(
-                    self, s.stream.name, s.units, s.order, comm, self.recorder.enabled, self._actor_log
+                    self,
+                    s.stream.name,
+                    s.units,
+                    s.order,
+                    comm,
+                    self.recorder.enabled,
+                    self._actor_log,
+                    device,
                 )
             for driver in self._drivers.values():
                 driver.peers = self._drivers
@@ -250,6 +267,8 @@ class Runtime:
             finally:
                 watchdog.running = False
             self.raise_if_failed()
+            if self._gpus is not None:
+                self._results = [{k: to_host(v) for k, v in r.items()} for r in self._results]
             results = [assemble(self.plan.logical, "output", r) for r in self._results]
             return results[0] if single else results
 
@@ -388,7 +407,7 @@ class Runtime:
         devices' parameters (a logical one only where this rank holds all its parts)."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        values = {p.name: buffers[p.register][0].copy() for p in self._held() if not p.state}
+        values = {p.name: to_host(buffers[p.register][0]) for p in self._held() if not p.state}
         return assemble(self.plan.logical, "parameter", values)
 
     def values(self) -> dict[str, np.ndarray]:
@@ -396,7 +415,7 @@ class Runtime:
         ``w0[cpu:1]``, ``w0[cpu:1].momentum``), copies: all a run keeps across steps."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        return {p.name: buffers[p.register][0].copy() for p in self._held()}
+        return {p.name: to_host(buffers[p.register][0]) for p in self._held()}
 
     def load(self, values: dict[str, np.ndarray]) -> None:
         """Set this rank's parameters and optimizer state to ``values`` (as ``values``
@@ -419,11 +438,20 @@ class Runtime:
                     f"the plan's {buffer.dtype}{list(buffer.shape)}"
                 )
         for name, buffer in held.items():
-            np.copyto(buffer, values[name])
+            copy_into(buffer, values[name])
 
     def _held(self) -> list[Parameter]:
         plan = self.plan
         return [p for p in plan.parameters if plan.rank_of(plan.registers[p.register].device) == self.rank]
+
+    def device_stream(self, name: str) -> Any:
+        """The CUDA stream (a ``cupy.cuda.Stream``) that plan stream ``name`` runs on, or
+        None for a host stream."""
+        assert self._wiring is not None, "an open Runtime is wired"
+        ids = {s.stream.name: s.stream.id for s in self._wiring.streams}
+        if name not in ids:
+            raise KeyError(f"no stream {name!r} on this rank; it has {sorted(ids)}")
+        return self._gpus.streams.get(ids[name]) if self._gpus is not None else None
 
     def threads(self) -> dict[str, str]:
         """Per actor (by name), the stream thread that runs it: its own stream's, or for a
@@ -450,6 +478,11 @@ def register_stats(
             held = peaks.get((member.actor.id, k), 0) if peaks is not None else member.state.max_held[k]
             stats[reg.name] = {"quota": reg.quota, "max_held": held}
     return stats
+
+
+def _on_gpus(plan: Plan, rank: int) -> bool:
+    """Whether ``rank`` runs anything of ``plan`` on a cuda device."""
+    return any(is_cuda(a.device) for a in plan.actors if plan.rank_of(a.device) == rank)
 
 
 def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:

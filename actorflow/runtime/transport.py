@@ -491,6 +491,7 @@ class CommExecutor:
         self.submitted = 0
         self.done = 0
         self.running = None
+        self.event = None
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
         self.submitted += 1
@@ -502,6 +503,13 @@ class CommExecutor:
 
         sends = bool(ins)  # a send has its data to move; a receive waits for it
         self._transport.submit(lambda: kernel(ins, outs, self._transport.data), done, moving=sends)
+
+    def wait(self, event: Any) -> None:
+        """Ranks move host memory only (``cuda.Gpus`` refuses cuda plans over ranks)."""
+        event.synchronize()
+
+    def finish(self) -> None:
+        """Every send and receive of a run has completed when its last act is reported."""
 
     def close(self) -> None:
         self._transport.close()

@@ -17,7 +17,9 @@ import attrs
 import numpy as np
 
 from ..collector import cyclic_gc_paused
-from ..plan import Actor, Collective, Input, Plan, Stream
+from ..devices import is_cuda
+from ..plan import Actor, Collective, Input, Plan, Register, Stream
+from .cuda import cuda_stream
 from .protocol import Act, ActorProtocol
 
 HOSTED_MOVE_BYTES = 1 << 18  # copied in about the time it takes to wake a thread
@@ -174,14 +176,17 @@ Across = Callable[[Collective], Callable]
 
 
 @cyclic_gc_paused()
-def wire(plan: Plan, rank: int | None, across: Across | None = None, allocate: bool = True) -> Wiring:
+def wire(
+    plan: Plan, rank: int | None, across: Across | None = None, allocate: bool = True, gpus: Any = None
+) -> Wiring:
     """Everything ``rank`` runs of ``plan``, wired (see the module's docstring).
     ``allocate=False``: no buffers, only their places (None), for a simulated run;
+    ``gpus``: the rank's ``cuda.Gpus``, which allocates the registers of cuda devices;
     ``rank`` None: what every rank runs, as one (a simulated run over ranks, where a
     collective's unit holds every participant)."""
     local = [a for a in plan.actors if rank in (None, plan.rank_of(a.device))]
     mine = {a.id for a in local}
-    buffers = _allocate(plan, rank, local, allocate)
+    buffers = _allocate(plan, rank, local, allocate, gpus)
     slots = {a.id: _protocol_slots(plan, a) for a in local}  # dicts: a fused collective has thousands
     output_index = {o: k for a in plan.actors for k, o in enumerate(a.outputs)}
     members = {a.id: _member(plan, a, slots[a.id]) for a in local}
@@ -259,25 +264,33 @@ def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
     return order
 
 
-def _allocate(plan: Plan, rank: int | None, local: list[Actor], allocate: bool) -> list[list[Any]]:
-    """Every register buffer this rank holds or reads, allocated once: its quota of
-    buffers, or a parameter's one, holding its initial value."""
+def _allocate(plan: Plan, rank: int | None, local: list[Actor], allocate: bool, gpus: Any) -> list[list[Any]]:
+    """Every register buffer this rank holds or reads, allocated once, on its device: its
+    quota of buffers, or a parameter's one, holding its initial value."""
     held = {r.id for r in plan.registers if rank in (None, plan.rank_of(r.device))}
     held |= {i.register for a in local for i in a.inputs}
     initial = {p.register: p.value for p in plan.parameters}
     if not allocate:
         return [[None] * (1 if r.id in initial else r.quota) if r.id in held else [] for r in plan.registers]
-    return [
-        []
-        if r.id not in held
-        else [np.array(initial[r.id], dtype=r.dtype, copy=True)]
-        if r.id in initial
-        else [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
-        for r in plan.registers
-    ]
+
+    def buffers(r: Register) -> list[Any]:
+        if r.id not in held:
+            return []
+        if gpus is not None and is_cuda(r.device):
+            return (
+                [gpus.array(r, initial[r.id])] if r.id in initial else [gpus.zeros(r) for _ in range(r.quota)]
+            )
+        if r.id in initial:
+            return [np.array(initial[r.id], dtype=r.dtype, copy=True)]
+        return [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
+
+    return [buffers(r) for r in plan.registers]
 
 
-def _read_only(buffer: np.ndarray) -> np.ndarray:
+def _read_only(buffer: Any) -> Any:
+    """A view kernels can't write through (a host array's; CuPy's arrays have no such flag)."""
+    if not isinstance(buffer, np.ndarray):
+        return buffer
     view = buffer.view()
     view.flags.writeable = False
     return view
@@ -343,14 +356,19 @@ def _host_moves(plan: Plan, units: list[Unit]) -> None:
     of that stream's other work (they are quick, and another stream waits for them).
     A hand-off between two devices is then one message, from the producer's thread to
     the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where
-    they overlap compute."""
+    they overlap compute. A move between the host and a GPU keeps its stream too, the
+    GPU's, which orders the copy among that GPU's work."""
     host: dict[int, int] = {}  # unit id -> the stream whose thread runs it
 
     def stream_of(unit: Unit) -> int:
         if unit.id not in host:
-            host[unit.id] = unit.actor.stream
+            own = host[unit.id] = unit.actor.stream
             partners = {stream_of(p) for p in _partners(plan, unit)}
-            if len(partners) == 1 and plan.streams[stream := partners.pop()].kind in ("compute", "copy"):
+            if (
+                len(partners) == 1
+                and plan.streams[stream := partners.pop()].kind in ("compute", "copy")
+                and cuda_stream(plan, plan.streams[stream]) == cuda_stream(plan, plan.streams[own])
+            ):
                 host[unit.id] = stream
         return host[unit.id]
 

@@ -1,0 +1,46 @@
+"""Arrays on the host (numpy) or on a GPU (CuPy), handled through their own namespace, so
+one kernel serves both: ``namespace(x)`` is numpy or cupy, whichever ``x`` belongs to.
+CuPy is imported only where a device array exists, never to handle numpy ones."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def namespace(x: Any) -> Any:
+    """The array module of ``x``: numpy for host arrays and scalars, cupy for CuPy's."""
+    if isinstance(x, np.ndarray | np.generic) or not hasattr(x, "__cuda_array_interface__"):
+        return np
+    return sys.modules["cupy"]
+
+
+def on_device(x: Any) -> bool:
+    return namespace(x) is not np
+
+
+def to_host(x: Any) -> Any:
+    """A numpy copy of ``x`` the caller may keep (a device array is copied off the GPU,
+    after the work its stream has queued); anything else as it is."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    if on_device(x):
+        return x.get()
+    return x
+
+
+def copy_into(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` where either may be on the host or a device: host to device and
+    device to device on the current CUDA stream; device to host after that stream's work
+    (``get`` waits for it)."""
+    if isinstance(dst, np.ndarray):
+        if on_device(src):
+            src.get(out=dst)
+        else:
+            np.copyto(dst, src)
+    elif isinstance(src, np.ndarray) or np.isscalar(src):
+        dst.set(np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
+    else:
+        namespace(dst).copyto(dst, src)

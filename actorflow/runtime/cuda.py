@@ -1,0 +1,198 @@
+"""CUDA devices, through CuPy: the GPU side of the device interface (``device``).
+
+A rank's ``cuda:N`` devices run on its GPUs, ``cuda:N`` on GPU N mod the GPU count, so
+several logical devices may share one GPU (the whole suite's multi-device shapes run on
+a one-GPU machine; a warning says so). Every plan stream of a cuda device, and every
+collective stream whose group is all cuda devices, is a CUDA stream of its own; a kernel
+runs with it as CuPy's current stream, so what the kernel does is queued there and the
+host goes on. A dependency between streams is a CUDA event the producing stream records
+after the act and the consuming stream waits on (``stream.wait_event``: the host never
+waits for the GPU); a host stream (``cpu:``) that reads what a GPU wrote waits for the
+event on the host, as it must. The host learns that a stream's work is done only at the
+end of a run (``finish``) and where it reads device memory (fetches, ``get``).
+
+Registers are allocated once, on their device's GPU, as planned (``Memory``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..devices import is_cuda
+from ..errors import DeviceError
+from ..plan import Plan, Register, Stream
+
+EXTRA = "pip install 'actorflow[cuda]' (CuPy for CUDA 13; for CUDA 12: pip install cupy-cuda12x)"
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why ``cuda:`` devices can't run here, or None when CuPy finds a GPU."""
+    try:
+        cupy = importlib.import_module("cupy")
+    except ImportError as exc:
+        return f"CuPy is not installed ({exc}): {EXTRA}"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CuPy raises its own CUDA errors
+        return f"CuPy finds no usable GPU ({type(exc).__name__}: {exc})"
+    return None if count > 0 else "CuPy finds no GPU"
+
+
+def import_cupy() -> Any:
+    """The cupy module, or a DeviceError saying why cuda devices can't run here."""
+    why = unavailable()
+    if why is not None:
+        raise DeviceError(f"cuda: devices need CuPy and a GPU: {why}")
+    return importlib.import_module("cupy")
+
+
+def cuda_stream(plan: Plan, stream: Stream) -> bool:
+    """Whether ``stream`` runs on a GPU: a cuda device's, or a collective stream of a group
+    of cuda devices (a group mixing host and GPU devices is refused by ``Gpus``)."""
+    if stream.kind == "collective":
+        return bool(stream.group) and all(is_cuda(d) for d in stream.group)
+    return is_cuda(stream.device)
+
+
+class Gpus:
+    """This rank's GPUs, as ``plan`` uses them: the GPU of each cuda device, a CUDA stream
+    per cuda plan stream (``streams``, by plan stream id), and their memory."""
+
+    def __init__(self, plan: Plan, rank: int) -> None:
+        devices = sorted(
+            {a.device for a in plan.actors if plan.rank_of(a.device) == rank and is_cuda(a.device)}
+            | {r.device for r in plan.registers if plan.rank_of(r.device) == rank and is_cuda(r.device)}
+        )
+        self.cupy = cp = import_cupy()
+        if plan.world > 1:
+            raise DeviceError(
+                "cuda: devices over several ranks need NCCL communicators between the ranks' GPUs, "
+                "which this version does not build: run cuda plans in one process"
+            )
+        count = cp.cuda.runtime.getDeviceCount()
+        self.gpu = {d: int(d.partition(":")[2]) % count for d in devices}
+        if len(devices) > count:
+            warnings.warn(
+                f"{len(devices)} cuda devices share {count} GPU{'s' if count > 1 else ''} "
+                "(cuda:N runs on GPU N mod that count)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        for coll in plan.collectives:
+            group = {plan.actors[a].device for a in coll.actors}
+            if any(is_cuda(d) for d in group) and not all(is_cuda(d) for d in group):
+                raise DeviceError(
+                    f"collective {coll.name!r} mixes host and cuda devices ({sorted(group)}): "
+                    "copy its tensors to one kind of device first (af.ops.to_device)"
+                )
+            if len({self.gpu.get(d) for d in group}) > 1:
+                raise DeviceError(
+                    f"collective {coll.name!r} spans several GPUs: collectives between distinct GPUs "
+                    "need NCCL, which this version does not build; place its devices on one GPU"
+                )
+        self.streams: dict[int, Any] = {}
+        for s in plan.streams:
+            if s.rank == rank and cuda_stream(plan, s):
+                device = s.device if is_cuda(s.device) else s.group[0]
+                with cp.cuda.Device(self.gpu[device]):
+                    self.streams[s.id] = cp.cuda.Stream(non_blocking=True)
+
+    def on_gpu(self, stream: int) -> bool:
+        return stream in self.streams
+
+    def event(self) -> Any:
+        return self.cupy.cuda.Event(disable_timing=True)
+
+    def zeros(self, register: Register) -> Any:
+        with self.cupy.cuda.Device(self.gpu[register.device]):
+            return self.cupy.zeros(register.shape, register.dtype)
+
+    def array(self, register: Register, value: np.ndarray) -> Any:
+        with self.cupy.cuda.Device(self.gpu[register.device]):
+            return self.cupy.array(np.asarray(value, dtype=register.dtype))
+
+    def replayed(self, kernel: Callable, stream: int, waits: list, record: Any) -> Callable:
+        """A replayed instruction's kernel on plan stream ``stream``: after the events
+        ``waits`` (of the GPU streams it waits on), with the stream's CUDA stream current,
+        then recording ``record`` (where another stream waits on it). On a host stream
+        the waits are the host's."""
+        cuda = self.streams.get(stream)
+        if cuda is None:
+            if not waits:
+                return kernel
+
+            def on_host(ins: list, outs: list) -> Any:
+                for event in waits:
+                    event.synchronize()
+                return kernel(ins, outs)
+
+            return on_host
+
+        def on_gpu(ins: list, outs: list) -> Any:
+            for event in waits:
+                cuda.wait_event(event)
+            with cuda:
+                result = kernel(ins, outs)
+            if record is not None:
+                record.record(cuda)
+            return result
+
+        return on_gpu
+
+    def finish(self, stream: int) -> None:
+        """Wait on the host until plan stream ``stream``'s queued work is done (a CUDA
+        error of that work is raised here)."""
+        cuda = self.streams.get(stream)
+        if cuda is not None:
+            cuda.synchronize()
+
+
+class CudaStream:
+    """A driver's stream (``device.Stream``) on a GPU: a launch queues the kernel on the
+    CUDA stream and records an event after it (``event``); the end is reported when the
+    launch returns, so successors are launched at once, waiting on that event on the GPU.
+    Kernels that raise on the host are reported as failures, like ``CpuStream``'s; a
+    traced span is the launch's time on the host."""
+
+    def __init__(self, name: str, on_done: Callable, cuda: Any, gpus: Gpus) -> None:
+        self.name = name
+        self._on_done = on_done
+        self.cuda = cuda
+        self._gpus = gpus
+        self.submitted = 0
+        self.done = 0
+        self.running: Any = None
+        self.event: Any = None
+
+    def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
+        self.submitted += 1
+        self.running = ctx
+        start = time.perf_counter()
+        try:
+            with self.cuda:
+                result, ok = kernel(ins, outs), True
+            self.event = self._gpus.event()
+            self.event.record(self.cuda)
+        except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
+            result, ok = exc, False
+        self.running = None
+        self.done = self.submitted
+        self._on_done(ctx, result, start, time.perf_counter(), ok)
+
+    def wait(self, event: Any) -> None:
+        """Later launches wait on the GPU for ``event``."""
+        self.cuda.wait_event(event)
+
+    def finish(self) -> None:
+        self.cuda.synchronize()
+
+    def close(self) -> None:
+        """Nothing to stop: what was queued on the GPU runs out on its own."""
