@@ -4,6 +4,7 @@ CuPy is imported only where a device array exists, never to handle numpy ones.""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -29,6 +30,16 @@ def to_host(x: Any) -> Any:
     if on_device(x):
         return x.get()
     return x
+
+
+def to_host_soon(x: Any) -> Any:
+    """A host copy of ``x``; of a device array, queued on the current CUDA stream into
+    pinned memory, which holds the value once that stream's work is done."""
+    if not on_device(x):
+        return to_host(x)
+    out = importlib.import_module("cupyx").empty_pinned(x.shape, x.dtype)
+    x.get(out=out, blocking=False)
+    return out
 
 
 def copy_into(dst: Any, src: Any) -> None:

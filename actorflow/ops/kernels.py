@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from ..arrays import copy_into, namespace
+from ..arrays import copy_into, namespace, to_host_soon
 from ..errors import KernelError
 
 
@@ -218,8 +218,9 @@ def copy(ins, outs):
 
 
 def fetch(ins, outs):
-    """Device-to-host: hand the host a copy it may keep, since the register will be reused."""
-    return ins[0].copy()
+    """Device-to-host: hand the host a copy it may keep, since the register will be reused
+    (from a GPU, into pinned memory, read once the run's work is done)."""
+    return to_host_soon(ins[0])
 
 
 _REDUCERS = {"sum": np.add, "mean": np.add, "max": np.maximum}

@@ -11,7 +11,9 @@ waits for the GPU); a host stream (``cpu:``) that reads what a GPU wrote waits f
 event on the host, as it must. The host learns that a stream's work is done only at the
 end of a run (``finish``) and where it reads device memory (fetches, ``get``).
 
-Registers are allocated once, on their device's GPU, as planned (``Memory``).
+Registers are allocated once, on their device's GPU, as planned. Feeds go to the GPU
+through pinned host buffers (``Staged``) and fetches come back into pinned memory
+(``arrays.to_host_soon``), each copy queued on the stream that runs it.
 """
 
 from __future__ import annotations
@@ -105,6 +107,13 @@ class Gpus:
                 with cp.cuda.Device(self.gpu[device]):
                     self.streams[s.id] = cp.cuda.Stream(non_blocking=True)
 
+    def stage_feeds(self, plan: Plan, units: list) -> None:
+        """Give every feed that runs on a GPU stream pinned buffers (``Staged``)."""
+        for unit in units:
+            if unit.feed is not None and unit.stream in self.streams:
+                register = plan.registers[unit.actor.outputs[0]]
+                unit.kernel = Staged(unit.kernel, self, register)
+
     def on_gpu(self, stream: int) -> bool:
         return stream in self.streams
 
@@ -153,6 +162,32 @@ class Gpus:
         cuda = self.streams.get(stream)
         if cuda is not None:
             cuda.synchronize()
+
+
+class Staged:
+    """A feed's kernel on a GPU stream: the host's value goes through pinned buffers (two,
+    used in turn), so the copy to the GPU is queued on the stream and the host goes on; a
+    buffer is written again once its last copy is done (its event)."""
+
+    def __init__(self, kernel: Callable, gpus: Gpus, register: Register) -> None:
+        cupyx = importlib.import_module("cupyx")
+        self.kernel = kernel
+        self._gpus = gpus
+        self._pinned = [cupyx.empty_pinned(register.shape, register.dtype) for _ in range(2)]
+        self._sent: list[Any] = [None, None]
+        self._next = 0
+
+    def __call__(self, ins: list, outs: list) -> Any:
+        k = self._next
+        self._next ^= 1
+        if self._sent[k] is not None:
+            self._sent[k].synchronize()
+        np.copyto(self._pinned[k], ins[-1])
+        ins[-1] = self._pinned[k]
+        result = self.kernel(ins, outs)
+        self._sent[k] = self._gpus.event()
+        self._sent[k].record(self._gpus.cupy.cuda.get_current_stream())
+        return result
 
 
 class CudaStream:

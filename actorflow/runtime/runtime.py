@@ -173,6 +173,8 @@ class Runtime:
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
         gpus = self._gpus = Gpus(plan, self.rank) if _on_gpus(plan, self.rank) else None
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
+        if gpus is not None:
+            gpus.stage_feeds(plan, wiring.units)
         if self.order == "dynamic":
             program: Program | str = "order='dynamic' was asked for"
         elif self._actor_log is not None:
