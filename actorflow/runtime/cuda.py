@@ -11,7 +11,8 @@ waits for the GPU); a host stream (``cpu:``) that reads what a GPU wrote waits f
 event on the host, as it must. The host learns that a stream's work is done only at the
 end of a run (``finish``) and where it reads device memory (fetches, ``get``).
 
-Registers are allocated once, on their device's GPU, as planned. Feeds go to the GPU
+Registers are allocated once, on their device's GPU, as planned. Traced, a GPU kernel's
+span is its time on the GPU, between two timing events, read at the run's end. Feeds go to the GPU
 through pinned host buffers (``Staged``) and fetches come back into pinned memory
 (``arrays.to_host_soon``), each copy queued on the stream that runs it.
 """
@@ -101,11 +102,47 @@ class Gpus:
                     "need NCCL, which this version does not build; place its devices on one GPU"
                 )
         self.streams: dict[int, Any] = {}
+        self._gpu_of_stream: dict[int, int] = {}
         for s in plan.streams:
             if s.rank == rank and cuda_stream(plan, s):
-                device = s.device if is_cuda(s.device) else s.group[0]
-                with cp.cuda.Device(self.gpu[device]):
+                gpu = self._gpu_of_stream[s.id] = self.gpu[s.device if is_cuda(s.device) else s.group[0]]
+                with cp.cuda.Device(gpu):
                     self.streams[s.id] = cp.cuda.Stream(non_blocking=True)
+        self.timing: dict[int, tuple[Any, Any]] = {}
+        """Traced (``time_kernels``): per plan stream, the timing events around its last kernel."""
+        self._marks: dict[int, tuple[Any, float]] = {}
+
+    def time_kernels(self, units: list) -> None:
+        """Traced: each kernel on a GPU stream between two timing events (``timing``)."""
+        for unit in units:
+            if unit.stream in self.streams:
+                unit.kernel = functools.partial(self._timed, unit.kernel, unit.stream)
+
+    def _timed(self, kernel: Callable, stream: int, ins: list, outs: list) -> Any:
+        cuda = self.streams[stream]
+        start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+        start.record(cuda)
+        result = kernel(ins, outs)
+        end.record(cuda)
+        self.timing[stream] = (start, end)
+        return result
+
+    def mark(self) -> None:
+        """Before a traced run: a reference event per GPU, done at a known host time, from
+        which ``seconds`` tells the host time of a timing event."""
+        self._marks = {}
+        for gpu in set(self.gpu.values()):
+            with self.cupy.cuda.Device(gpu):
+                event = self.cupy.cuda.Event()
+                event.record()
+                event.synchronize()
+                self._marks[gpu] = (event, time.perf_counter())
+
+    def seconds(self, stream: int, event: Any) -> float:
+        """The host clock's time (``time.perf_counter``) when the GPU reached ``event``,
+        recorded on plan stream ``stream`` since ``mark`` and done by now."""
+        mark, at = self._marks[self._gpu_of_stream[stream]]
+        return at + self.cupy.cuda.get_elapsed_time(mark, event) / 1e3
 
     def stage_feeds(self, plan: Plan, units: list) -> None:
         """Give every feed that runs on a GPU stream pinned buffers (``Staged``)."""

@@ -104,6 +104,7 @@ class Runtime:
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
         self._gpus: Gpus | None = None  # where this rank has cuda devices
+        self._on_gpu: list[tuple] = []  # traced GPU kernels of this run: (unit, number, events, acts)
         self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
         self._replay: Programs | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
@@ -175,6 +176,8 @@ class Runtime:
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
             gpus.stage_feeds(plan, wiring.units)
+            if self._spans is not None:
+                gpus.time_kernels(wiring.units)
         if self.order == "dynamic":
             program: Program | str = "order='dynamic' was asked for"
         elif self._actor_log is not None:
@@ -255,6 +258,8 @@ class Runtime:
                 any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()
             ) + (replay.busy() if replay is not None else 0)
             watchdog.running = True
+            if self._gpus is not None and self._spans is not None:
+                self._gpus.mark()
             if not self._remaining:
                 self._done.set()
             for driver in self._drivers.values():
@@ -269,10 +274,23 @@ class Runtime:
             finally:
                 watchdog.running = False
             self.raise_if_failed()
+            if self._on_gpu:
+                self._gpu_spans()
             if self._gpus is not None:
                 self._results = [{k: to_host(v) for k, v in r.items()} for r in self._results]
             results = [assemble(self.plan.logical, "output", r) for r in self._results]
             return results[0] if single else results
+
+    def _gpu_spans(self) -> None:
+        """Record the spans of this run's traced GPU kernels, as the GPU ran them."""
+        assert self._gpus is not None and self._spans is not None, "traced on a GPU"
+        seconds = self._gpus.seconds
+        for unit, number, start, end, acts in self._on_gpu:
+            stream = unit.stream
+            self._spans.record(
+                self.recorder, unit, number, seconds(stream, start), seconds(stream, end), acts
+            )
+        self._on_gpu.clear()
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
 
@@ -289,7 +307,11 @@ class Runtime:
         if unit.fetch is not None:
             self._results[last_micro_batch(number, actor.every) - self._base][unit.fetch] = result
         if self._spans is not None:  # tracing
-            self._spans.record(self.recorder, unit, number, start, end, acts)
+            gpus = self._gpus
+            if gpus is not None and unit.stream in gpus.streams:  # timed on the GPU, read at the end
+                self._on_gpu.append((unit, number, *gpus.timing[unit.stream], acts))
+            else:
+                self._spans.record(self.recorder, unit, number, start, end, acts)
 
     def stream_finished(self) -> None:
         """A stream's thread completed its acts of this run; the last one wakes trio."""
