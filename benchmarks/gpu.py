@@ -698,7 +698,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs per figure; medians are printed (default 3)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 repeat, every part shrunk")
     p.add_argument(
-        "--only", nargs="+", choices="abcd", default=list("abcd"), help="the parts to run (default all)"
+        "--only", nargs="+", choices=list("abcd"), default=list("abcd"), help="the parts to run (default all)"
     )
     a = p.add_argument_group("(a) host cost per act")
     a.add_argument("--chain", type=int, default=64, help="element-wise ops in the chain (default 64)")
