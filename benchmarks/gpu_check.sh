@@ -3,17 +3,19 @@
 #   bash benchmarks/gpu_check.sh
 # installs the wheels carried in .whl/ (trio, outcome, sniffio, cattrs, pytest-trio: the
 # GPU machines have CuPy, NCCL, PyTorch and pytest but not these), prints the GPUs and
-# the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py, even when a
-# test failed. Everything printed is also written to $OUT (default /tmp/out):
-# gpu_check.log (all of it), pytest.txt and gpu.txt. About 8 minutes at most: each step
-# has a time limit (PYTEST_LIMIT, BENCH_LIMIT seconds); GPU_BENCH_ARGS passes options to
-# gpu.py (e.g. --quick). Exit status: 0 if the tests and the benchmark both passed.
+# the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py and
+# benchmarks/gpu_configs.py, each even when an earlier step failed. Everything printed is
+# also written to $OUT (default /tmp/out): gpu_check.log (all of it), pytest.txt, gpu.txt
+# and configs.txt. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT,
+# BENCH_LIMIT, CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g.
+# --quick). Exit status: 0 if every step passed.
 set -u
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 PYTEST_LIMIT=${PYTEST_LIMIT:-180}
 BENCH_LIMIT=${BENCH_LIMIT:-260}
+CONFIGS_LIMIT=${CONFIGS_LIMIT:-90}
 mkdir -p "$OUT"
 started=$SECONDS
 stage() { echo; echo "== $1 (at $((SECONDS - started)) s)"; }
@@ -65,27 +67,8 @@ except Exception as err:
 EOF
 
 stage "pytest -m gpu (limit ${PYTEST_LIMIT} s)"
-# tests/conftest.py implements pytest-xdist's hook pytest_xdist_auto_num_workers, which
-# pytest rejects as unknown (an INTERNALERROR before any test) where xdist is absent or
-# blocked (-p no:xdist): this plugin declares the hook.
-mkdir -p /tmp/gpu_check_plugin
-cat > /tmp/gpu_check_plugin/gpu_check_no_xdist.py <<'PLUGIN'
-import pytest
-
-
-class _XdistSpec:
-    @pytest.hookspec(firstresult=True)
-    def pytest_xdist_auto_num_workers(self, config):
-        """pytest-xdist's: how many workers -n auto starts."""
-
-
-def pytest_addhooks(pluginmanager):
-    pluginmanager.add_hookspecs(_XdistSpec)
-PLUGIN
-PYTHONPATH=$PYTHONPATH:/tmp/gpu_check_plugin timeout -k 10 "$PYTEST_LIMIT" python3 -m pytest -m gpu -q \
-    -p no:randomly -p no:xdist -p gpu_check_no_xdist -o addopts="" --timeout 300 -rfEs --durations=10 \
-    -W ignore::pytest.PytestUnknownMarkWarning \
-    2>&1 | tee "$OUT/pytest.txt"
+timeout -k 10 "$PYTEST_LIMIT" python3 -m pytest -m gpu -q -p no:randomly -p no:xdist -o addopts="" \
+    --timeout 300 -rfEs --durations=10 2>&1 | tee "$OUT/pytest.txt"
 tests=$?
 echo "gpu_check: pytest exit status $tests$([ "$tests" = 124 ] && echo ' (time limit)')"
 
@@ -95,9 +78,14 @@ timeout -k 10 "$BENCH_LIMIT" python3 benchmarks/gpu.py ${GPU_BENCH_ARGS:-} 2>&1 
 bench=$?
 echo "gpu_check: gpu.py exit status $bench$([ "$bench" = 124 ] && echo ' (time limit)')"
 
+stage "benchmarks/gpu_configs.py (limit ${CONFIGS_LIMIT} s)"
+timeout -k 10 "$CONFIGS_LIMIT" python3 benchmarks/gpu_configs.py 2>&1 | tee "$OUT/configs.txt"
+configs=$?
+echo "gpu_check: gpu_configs.py exit status $configs$([ "$configs" = 124 ] && echo ' (time limit)')"
+
 stage "done"
-echo "gpu_check: pytest $tests, gpu.py $bench; output in $OUT"
-[ "$tests" = 0 ] && [ "$bench" = 0 ]
+echo "gpu_check: pytest $tests, gpu.py $bench, gpu_configs.py $configs; output in $OUT"
+[ "$tests" = 0 ] && [ "$bench" = 0 ] && [ "$configs" = 0 ]
 }
 
 check 2>&1 | tee "$OUT/gpu_check.log"
