@@ -23,7 +23,10 @@ consumer: its credit comes back at once, so it needs one buffer (the names retur
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..ops.chain import chain
+from ..ops.cuda_habits import chain_code, fits_one_kernel, fused_chain
 from ..plan import Actor, Input, Plan
 from ..records import evolve
 from .registers import wish_quotas
@@ -147,3 +150,29 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
         inputs=tuple(inputs),
         outputs=tuple(outputs),
     )
+
+
+def _on_cuda(device: str) -> bool:
+    return device.startswith("cuda:")
+
+
+def cuda_chains(plan: Plan, on: Callable[[str], bool] = _on_cuda) -> Plan:
+    """Each fused chain on a CUDA device (``on``) whose parts are all element-wise, as one
+    CUDA kernel (``ops.cuda_habits.fused_chain``, seed 004's first habit): each
+    element's intermediates stay in registers and only the outputs someone reads are
+    written, where the plain ``chain`` launches a kernel per part, each writing its
+    register. A chain with another part, or whose registers don't fit one kernel (not
+    float32, an output smaller than an input), stays plain."""
+    actors = list(plan.actors)
+    regs = plan.registers
+    for actor in plan.actors:
+        if actor.kernel is not chain or not on(actor.device):
+            continue
+        ins = [regs[i.register] for i in actor.inputs if not regs[i.register].control]
+        outs = [regs[o] for o in actor.outputs if not regs[o].control]
+        code = chain_code(actor.attrs["parts"], [k for k, r in enumerate(outs) if r.consumers])
+        if code is not None and fits_one_kernel(
+            code, [(r.shape, r.dtype) for r in ins], [(r.shape, r.dtype) for r in outs]
+        ):
+            actors[actor.id] = evolve(actor, kernel=fused_chain, attrs={**actor.attrs, "code": code})
+    return evolve(plan, actors=tuple(actors))
