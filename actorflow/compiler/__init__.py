@@ -16,7 +16,7 @@ from ..parallel.program import undecided
 from ..plan import Plan
 from ..plan_check import lint as plan_lint
 from ..records import evolve
-from .chains import fuse_chains
+from .chains import cuda_chains, fuse_chains
 from .check import check
 from .collective_order import order_collectives
 from .events import insert_events
@@ -59,7 +59,10 @@ def compile(graph: Graph, **options: Any) -> Plan:
     variables) is another's output on its device, in the same pass and at the same
     rate, runs inside that producer's act, one kernel after the other, where the
     producer's other readers are on its stream; a producer takes one follower and a
-    chain is cut every 8 members (see ``chains``; False: every op its own actor); overlap:
+    chain is cut every 8 members (see ``chains``; False: every op its own actor);
+    cuda_chains: on a cuda device, a chain of element-wise ops runs as one generated CUDA
+    kernel, its intermediates kept in registers (``chains.cuda_chains``; False: each
+    part its own kernel, for comparison); overlap:
     False makes collectives act as if they shared their devices' compute streams (the
     schedule with no overlap, for comparison).
 
@@ -115,6 +118,8 @@ def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
     ]
     if o.fuse_kernels:
         steps.append(("fuse_chains", fuse_chains))
+        if o.cuda_chains:
+            steps.append(("cuda_chains", cuda_chains))
     if o.fusion:
         steps.append(
             (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..devices import is_cuda
 from ..ops.chain import chain
 from ..ops.cuda_habits import chain_code, fits_one_kernel, fused_chain
 from ..plan import Actor, Input, Plan
@@ -152,11 +153,7 @@ def _fused(plan: Plan, members: list[Actor]) -> Actor:
     )
 
 
-def _on_cuda(device: str) -> bool:
-    return device.startswith("cuda:")
-
-
-def cuda_chains(plan: Plan, on: Callable[[str], bool] = _on_cuda) -> Plan:
+def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
     """Each fused chain on a CUDA device (``on``) whose parts are all element-wise, as one
     CUDA kernel (``ops.cuda_habits.fused_chain``, seed 004's first habit): each
     element's intermediates stay in registers and only the outputs someone reads are

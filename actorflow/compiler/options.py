@@ -119,6 +119,7 @@ class CompileOptions:
     link_latency: float = attrs.field(default=0.0, validator=_link_latency)
     fusion: bool = attrs.field(default=True, validator=_flag)
     fuse_kernels: bool = attrs.field(default=True, validator=_flag)
+    cuda_chains: bool = attrs.field(default=True, validator=_flag)
     bucket_first: int = attrs.field(default=1 << 20, validator=_integer(0))
     bucket_cap: int = attrs.field(default=25 << 20, validator=_integer(0))
     overlap: bool = attrs.field(default=True, validator=_flag)
