@@ -438,3 +438,31 @@ async def test_a_cuda_device_without_cupy_or_a_gpu_is_a_device_error_naming_the_
     with pytest.raises(DeviceError, match=r"actorflow\[cuda\]"):
         async with af.Runtime(plan) as rt:
             await rt.run({"x": np.ones((2, 3), np.float32)})
+
+
+@gpu
+@pytest.mark.parametrize("order", ORDER_NAMES)
+async def test_traced_gpu_kernels_span_their_time_on_the_gpu(order):
+    """Traced, a kernel on a GPU stream spans its time on the GPU, not its launch: the
+    slow kernel (milliseconds of matmuls queued at once) spans far longer than its quick
+    successor, and every span lies within the run, on the host's clock."""
+    import time
+
+    with af.Graph() as g:
+        x = af.placeholder("x", (64,), "float32", "cuda:0")
+        slow = af.ops.call(cs.slow_add_one, x, shape=(64,), dtype="float32", name="slow")
+        af.output("y", af.ops.call(cs.add_one, slow, shape=(64,), dtype="float32", name="quick"))
+    plan = af.compile(g, fuse_kernels=False)
+    async with af.Runtime(plan, trace=True, order=order) as rt:
+        await rt.run({"x": np.zeros(64, np.float32)})  # compiles CuPy's kernels
+        rt.recorder.clear()
+        began = time.perf_counter()
+        out = await rt.run([{"x": np.zeros(64, np.float32)}] * 3)
+        ended = time.perf_counter()
+    assert [o["y"][0] for o in out] == [2.0] * 3
+    spans = {}
+    for s in rt.recorder.kernels():
+        assert began <= s.start <= s.end <= ended, s
+        spans.setdefault(s.name, []).append(s.end - s.start)
+    assert len(spans["slow"]) == len(spans["quick"]) == 3
+    assert min(spans["slow"]) > 10 * max(spans["quick"]), spans
