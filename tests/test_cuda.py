@@ -466,3 +466,30 @@ async def test_traced_gpu_kernels_span_their_time_on_the_gpu(order):
         spans.setdefault(s.name, []).append(s.end - s.start)
     assert len(spans["slow"]) == len(spans["quick"]) == 3
     assert min(spans["slow"]) > 10 * max(spans["quick"]), spans
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "adam"])
+def test_a_gpu_update_is_one_fused_kernel_equal_to_the_numpy_update(kind):
+    """On a GPU, SGD (with or without momentum) and Adam update in one CUDA kernel each;
+    over several steps, the parameter and state stay the numpy update's, to rounding."""
+    from actorflow.optim import kernels
+
+    cp = cupy()
+    rng = np.random.default_rng(0)
+    p, m, v = (rng.standard_normal(1000).astype(np.float32) for _ in range(3))
+    v = np.abs(v)
+    host = [p.copy(), m.copy(), v.copy(), np.zeros((), np.float64)]
+    device = [cp.asarray(a) for a in host]
+    for _ in range(5):
+        g = rng.standard_normal(1000).astype(np.float32)
+        for arrays, grad in ((host, g), (device, cp.asarray(g))):
+            if kind == "adam":
+                kernels.adam_update(
+                    [arrays[0], grad, *arrays[1:]], [], lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8
+                )
+            else:
+                state = [arrays[1]] if kind == "sgd_momentum" else []
+                kernels.sgd_update([arrays[0], grad, *state], [], lr=0.05, momentum=0.9 if state else 0.0)
+    for name, h, d in zip(["p", "m", "v", "t"], host, device):
+        np.testing.assert_allclose(cp.asnumpy(d), h, rtol=2e-6, atol=1e-7, err_msg=name)
