@@ -482,14 +482,16 @@ def transformer_config(args: argparse.Namespace, device: str, steps: int) -> Any
     )
 
 
-def actorflow_transformer(config: Any, warm: int) -> tuple[float, list[float]]:
-    """(samples/s over the steps after ``warm``, loss per step) of ``training.train``."""
+def actorflow_transformer(config: Any, warm: int) -> tuple[float, list[float], float]:
+    """(samples/s over the steps after ``warm``, loss per step, the GPU's kernel seconds a
+    step over the steps the report traced) of ``training.train``."""
     from actorflow.training import train
 
     stamps: list[float] = []
     result = train(config, on_step=lambda step, loss: stamps.append(time.perf_counter()))
     timed = len(stamps) - warm
-    return timed * config.train.batch_size / (stamps[-1] - stamps[warm - 1]), list(result.losses)
+    rate = timed * config.train.batch_size / (stamps[-1] - stamps[warm - 1])
+    return rate, list(result.losses), sum(result.kernel_seconds)
 
 
 def torch_transformer(
@@ -556,6 +558,7 @@ class Comparison:
     theirs: list[float] = dataclasses.field(default_factory=list)
     our_losses: list[list[float]] = dataclasses.field(default_factory=list)
     their_losses: list[list[float]] = dataclasses.field(default_factory=list)
+    busy: list[float] = dataclasses.field(default_factory=list)
 
     def differences(self) -> np.ndarray:
         """Per step, the largest |actorflow - torch| loss over every pair of their runs
@@ -586,7 +589,8 @@ def compare_transformer(
         found.theirs.append(rate)
         found.their_losses.append(losses)
         free()
-        rate, losses = actorflow_transformer(config, args.warm_steps)
+        rate, losses, busy = actorflow_transformer(config, args.warm_steps)
+        found.busy.append(busy)
         found.ours.append(rate)
         found.our_losses.append(losses)
         free()
@@ -644,6 +648,16 @@ def section_c(args: argparse.Namespace, cp: Any) -> None:
                 f"{median(ratios):.2f}x (runs: {runs(ratios)}; goal 1.0)" if ratios else "",
             )
         )
+        if found.busy and found.ours:
+            step = args.batch / median(found.ours)
+            rows.append(
+                (
+                    "(c) actorflow: GPU kernel time a step (traced steps, GPU-timed) / step time",
+                    f"{median(found.busy) * 1e3:.1f} / {step * 1e3:.1f} ms",
+                    "",
+                    f"GPU busy {median(found.busy) / step:.0%}",
+                )
+            )
         print("\n".join(columns(rows)))
         if found.our_losses and found.their_losses:
             print(f"(c) |loss difference| per step: {', '.join(f'{v:.1e}' for v in found.differences())}")

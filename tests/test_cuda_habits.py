@@ -371,13 +371,15 @@ def fused_actors(plan: Plan) -> list:
     return [a for a in plan.actors if a.kernel is habits.fused_chain]
 
 
-def test_the_pass_makes_each_element_wise_chain_one_kernel_writing_what_is_read(tmp_path):
+def test_the_pass_makes_each_element_wise_chain_and_actor_one_kernel_writing_what_is_read(tmp_path):
     plan = af.compile(mlp_block())
     chains = [a for a in plan.actors if a.kernel is chain]
     assert chains
     assert cuda_chains(plan) == plan  # on cpu devices: nothing to do
     fused = cuda_chains(plan, on=lambda device: True)
-    assert {a.name for a in fused_actors(fused)} == {a.name for a in chains}
+    alone = [a for a in plan.actors if a.kind == "compute" and a.kernel.__name__ in habits.SUPPORTED]
+    assert alone  # an element-wise actor alone is a chain of one part
+    assert {a.name for a in fused_actors(fused)} == {a.name for a in chains + alone}
     for actor in fused_actors(fused):
         code = habits.ChainCode(*actor.attrs["code"])
         outs = [r for r in (fused.registers[o] for o in actor.outputs) if not r.control]

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..devices import is_cuda
-from ..ops.chain import chain
+from ..ops.chain import Part, chain
 from ..ops.cuda_habits import chain_code, fits_one_kernel, fused_chain
 from ..plan import Actor, Input, Plan
 from ..records import evolve
@@ -158,18 +158,33 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
     CUDA kernel (``ops.cuda_habits.fused_chain``, seed 004's first habit): each
     element's intermediates stay in registers and only the outputs someone reads are
     written, where the plain ``chain`` launches a kernel per part, each writing its
-    register. A chain with another part, or whose registers don't fit one kernel (not
-    float32, an output smaller than an input), stays plain."""
+    register. An element-wise actor alone is a chain of one part, so a gelu's eight
+    passes are one too. A chain with another part, or whose registers don't fit one
+    kernel (not float32, an output smaller than an input), stays as it is."""
     actors = list(plan.actors)
     regs = plan.registers
     for actor in plan.actors:
-        if actor.kernel is not chain or not on(actor.device):
+        if not on(actor.device) or actor.kind != "compute":
             continue
         ins = [regs[i.register] for i in actor.inputs if not regs[i.register].control]
         outs = [regs[o] for o in actor.outputs if not regs[o].control]
-        code = chain_code(actor.attrs["parts"], [k for k, r in enumerate(outs) if r.consumers])
+        parts = actor.attrs["parts"] if actor.kernel is chain else (_alone(plan, actor, len(ins)),)
+        code = chain_code(parts, [k for k, r in enumerate(outs) if r.consumers])
         if code is not None and fits_one_kernel(
             code, [(r.shape, r.dtype) for r in ins], [(r.shape, r.dtype) for r in outs]
         ):
-            actors[actor.id] = evolve(actor, kernel=fused_chain, attrs={**actor.attrs, "code": code})
+            actors[actor.id] = evolve(actor, kernel=fused_chain, attrs={"parts": parts, "code": code})
     return evolve(plan, actors=tuple(actors))
+
+
+def _alone(plan: Plan, actor: Actor, inputs: int) -> Part:
+    """An actor as the one part of a chain: it reads the chain's inputs, writes its output."""
+    return (
+        actor.kernel,
+        dict(actor.attrs),
+        tuple(range(inputs)),
+        (0,),
+        plan.phases(actor) > 1,
+        actor.name,
+        actor.where,
+    )
