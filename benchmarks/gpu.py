@@ -31,13 +31,10 @@ same process; the GPU's name and the parameters are printed with the tables.
         a one-thread spin kernel on the GPU's clock (one SM of the GPU's), queued in
         front of the collective's copies and reduction. It starts when the gradient is
         ready on the GPU, holds up what follows it on that stream, and leaves the other
-        SMs to compute, as a transfer over NVLink or a network does. (The CPU benchmark's
-        emulated link is a host sleep, runtime/wiring.py ``_lasting``, which on a GPU
-        would start when the host launched the collective, before the gradient exists,
-        and hide behind the very compute that makes it: this benchmark puts
-        ``_lasting``'s wait on the GPU instead, for this process only, and counts the
-        collectives that took it; one that ran with no CUDA stream current keeps the
-        host sleep and is counted apart.)
+        SMs to compute, as a transfer over NVLink or a network does. That is the
+        runtime's own emulation on a GPU stream (``cuda.Gpus.link``); on the host it is a
+        sleep (runtime/wiring.py ``_lasting``), which on a GPU would start when the host
+        launched the collective, before the gradient exists.
       - "no link": the GPU's own copies and reductions on the collective stream and
         nothing else; M is then a small share of C, so the efficiency is as noisy as
         C's variation over M, and on one GPU the collective's kernels take the same SMs
@@ -336,27 +333,6 @@ def section_a(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_sp
 # -- (b) overlap ---------------------------------------------------------------------
 
 
-class DeviceLink:
-    """Puts the emulated link's wait (runtime/wiring.py ``_lasting``: the collective's
-    kernel, then a host sleep for the rest of the link's time) on the GPU: the spin, on
-    the collective's current CUDA stream, then the kernel. A collective run with no CUDA
-    stream of its own current keeps the host sleep (on the null stream a spin would hold
-    every stream). ``device`` and ``host`` count the collectives each way."""
-
-    def __init__(self, cp: Any, spin: Spinner, original: Callable[..., Any]) -> None:
-        self.cp, self.spin, self.original = cp, spin, original
-        self.device = self.host = 0
-
-    def __call__(self, kernel: Callable[..., Any], seconds: float, ins: list, outs: list) -> Any:
-        stream = self.cp.cuda.get_current_stream()
-        if stream.ptr in (0, 1, 2):  # the legacy or per-thread default stream: not the collective's
-            self.host += 1
-            return self.original(kernel, seconds, ins, outs)
-        self.device += 1
-        self.spin(seconds)
-        return kernel(ins, outs)
-
-
 VARIANTS = [
     ("(1) collectives on the compute streams", dict(overlap=False, priority=False, fusion=False)),
     ("(2) collective stream, no priorities", dict(priority=False, fusion=False)),
@@ -366,9 +342,8 @@ VARIANTS = [
 """overlap.py's four schedules (its main's table), the bucket cap added to (4) at run time."""
 
 
-def section_b(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_spin: str) -> None:
+def section_b(args: argparse.Namespace) -> None:
     import overlap  # benchmarks/overlap.py, beside this file
-    from actorflow.runtime import wiring
 
     devices = DEVICES[:2]
     sizes, batch, steps = args.overlap_sizes, args.overlap_batch, args.overlap_steps
@@ -390,31 +365,18 @@ def section_b(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_sp
             f"(one GPU), {steps} steps x {count(args.repeats, 'run')} (medians); gradients "
             f"{grad_bytes / 2**20:.1f} MiB a step; compute alone C = {c * 1e3:.2f} ms"
         )
-        original = getattr(wiring, "_lasting", None)
-        links: list[tuple[str, tuple[float | None, float]]] = []
-        if spin is None:
-            print(f"(b) no emulated link: {why_no_spin}")
-        elif original is None:
-            print("(b) no emulated link: runtime/wiring.py has no _lasting to put on the GPU")
-        else:
-            seconds = max(args.comm_share * c - 2 * len(sizes[1:]) * args.latency, 1e-4)
-            links.append(("emulated link on the GPU", (grad_bytes / seconds, args.latency)))
-        links.append(("no link: the collective stream's own copies and reductions", (None, 0.0)))
+        seconds = max(args.comm_share * c - 2 * len(sizes[1:]) * args.latency, 1e-4)
+        links = [
+            (
+                "emulated link: the runtime spends its time in a spin on the collective stream",
+                (grad_bytes / seconds, args.latency),
+            ),
+            ("no link: the collective stream's own copies and reductions", (None, 0.0)),
+        ]
         for name, link in links:
-            patch = DeviceLink(cp, spin, original) if link[0] is not None and spin and original else None
-            if patch is not None:
-                wiring._lasting = patch
-            try:
-                table = overlap_table(overlap, sizes, batch, link, steps, args, x, y, c)
-            finally:
-                if patch is not None:
-                    wiring._lasting = original
-            if patch is not None and link[0] is not None:
-                print(
-                    f"(b) {name}: {link[0] / 1e9:.3f} GB/s, {link[1] * 1e6:.0f} us latency, its time "
-                    f"spent by a spin on the collective stream ({patch.device} collectives; "
-                    f"{patch.host} with no CUDA stream, which slept on the host instead)"
-                )
+            table = overlap_table(overlap, sizes, batch, link, steps, args, x, y, c)
+            if link[0] is not None:
+                print(f"(b) {name}: {link[0] / 1e9:.3f} GB/s, {link[1] * 1e6:.0f} us latency")
             else:
                 print(f"(b) {name}")
             print("\n".join(columns(table)))
@@ -788,7 +750,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no gate kernel: {why_no_spin}")
     parts = {
         "a": ("(a) host cost per act, GPU idle share", lambda: section_a(args, cp, spin, why_no_spin)),
-        "b": ("(b) compute/communication overlap", lambda: section_b(args, cp, spin, why_no_spin)),
+        "b": ("(b) compute/communication overlap", lambda: section_b(args)),
         "c": ("(c) the transformer against PyTorch eager", lambda: section_c(args, cp)),
         "d": ("(d) kernel habits (gpu_habits.py)", lambda: section_d(args)),
     }

@@ -35,6 +35,19 @@ from ..plan import Plan, Register, Stream
 EXTRA = "pip install 'actorflow[cuda]' (CuPy for CUDA 13; for CUDA 12: pip install cupy-cuda12x)"
 
 
+SPIN = r"""
+extern "C" __global__ void actorflow_spin(long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while ((long long)(now - start) < ns);
+}
+"""
+"""One thread spinning on the GPU's global timer for ``ns`` nanoseconds: it holds its
+stream that long, and takes one slot of one SM."""
+
+
 @functools.cache
 def unavailable() -> str | None:
     """Why ``cuda:`` devices can't run here, or None when CuPy finds a GPU."""
@@ -111,6 +124,7 @@ class Gpus:
         self.timing: dict[int, tuple[Any, Any]] = {}
         """Traced (``time_kernels``): per plan stream, the timing events around its last kernel."""
         self._marks: dict[int, tuple[Any, float]] = {}
+        self._spin: Any = None
 
     def time_kernels(self, units: list) -> None:
         """Traced: each kernel on a GPU stream between two timing events (``timing``)."""
@@ -143,6 +157,15 @@ class Gpus:
         recorded on plan stream ``stream`` since ``mark`` and done by now."""
         mark, at = self._marks[self._gpu_of_stream[stream]]
         return at + self.cupy.cuda.get_elapsed_time(mark, event) / 1e3
+
+    def link(self, kernel: Callable, seconds: float, ins: list, outs: list) -> Any:
+        """A collective over an emulated link (``link_bandwidth``) on a GPU stream: the
+        link's time is a spin on that stream (one thread, ``SPIN``), then the kernel, so the
+        GPU's timeline has it where a host sleep (``wiring._lasting``) would not."""
+        if self._spin is None:
+            self._spin = self.cupy.RawKernel(SPIN, "actorflow_spin")
+        self._spin((1,), (1,), (np.int64(round(seconds * 1e9)),))
+        return kernel(ins, outs)
 
     def stage_feeds(self, plan: Plan, units: list) -> None:
         """Give every feed that runs on a GPU stream pinned buffers (``Staged``)."""

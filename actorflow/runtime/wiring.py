@@ -213,8 +213,10 @@ def wire(
         if len(here) < len(coll.actors):
             assert across is not None, "a collective spans ranks only in a run over several"
             unit.kernel = across(coll)
-        if coll.seconds > 0:
-            unit.kernel = functools.partial(_lasting, unit.kernel, coll.seconds)
+        if coll.seconds > 0:  # an emulated link: on a GPU, its time is spent on the GPU
+            on_gpu = gpus is not None and gpus.on_gpu(unit.stream)
+            lasting = gpus.link if on_gpu else _lasting
+            unit.kernel = functools.partial(lasting, unit.kernel, coll.seconds)
         if not plan.overlap:
             devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
             unit.fences = [
