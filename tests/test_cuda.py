@@ -493,3 +493,29 @@ def test_a_gpu_update_is_one_fused_kernel_equal_to_the_numpy_update(kind):
                 kernels.sgd_update([arrays[0], grad, *state], [], lr=0.05, momentum=0.9 if state else 0.0)
     for name, h, d in zip(["p", "m", "v", "t"], host, device):
         np.testing.assert_allclose(cp.asnumpy(d), h, rtol=2e-6, atol=1e-7, err_msg=name)
+
+
+@gpu
+@pytest.mark.parametrize("order", ORDER_NAMES)
+async def test_an_emulated_link_on_a_gpu_takes_its_time_on_the_gpu(order):
+    """An all-reduce over a link emulated at 30 ms (``link_bandwidth``) between two cuda
+    devices: on the GPU the collective stream spends the link's time (its traced span
+    lasts at least that), the reader of its result waits for it, and the sums are right."""
+    with af.Graph() as g:
+        x0 = af.placeholder("x0", (4,), "float32", "cuda:0")
+        x1 = af.placeholder("x1", (4,), "float32", "cuda:1")
+        r = af.ops.all_reduce([af.ops.relu(x0), af.ops.relu(x1)], name="ar")
+        af.output("r0", af.ops.call(cs.add_one, r[0], shape=(4,), dtype="float32", name="after"))
+    plan = af.compile(g, link_bandwidth=4 * 4 / 0.03)
+    feeds = {"x0": np.ones(4, np.float32), "x1": np.full(4, 2.0, np.float32)}
+    async with af.Runtime(plan, trace=True, order=order) as rt:
+        outs = await rt.run([feeds] * 3)
+        spans = rt.recorder.kernels()
+    for out in outs:
+        np.testing.assert_array_equal(out["r0"], np.full(4, 4.0, np.float32))
+    links = sorted((s.start, s.end) for s in spans if s.name == "ar")
+    after = sorted(s.start for s in spans if s.name == "after")
+    assert len(links) == len(after) == 3
+    for (start, end), reader in zip(links, after):
+        assert end - start >= 0.025, (start, end)
+        assert reader >= end - 1e-4
