@@ -100,19 +100,6 @@ CHUNK = 512
 """Kernels queued behind one gate in (a)'s busy-time measurement (well under the
 launch queue's depth, about 1024, past which a launch would wait for the GPU)."""
 
-SPIN_SOURCE = r"""
-extern "C" __global__ void gpu_bench_spin(long long ns) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    do {
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while ((long long)(now - start) < ns);
-}
-"""
-"""One thread spinning on the GPU's global timer (ns) for the given time: it holds its
-stream for that long and takes one SM's slot, nothing else."""
-
-
 # -- the GPU -------------------------------------------------------------------------
 
 
@@ -155,11 +142,13 @@ def gpu_name(cp: Any) -> str:
 
 
 class Spinner:
-    """``SPIN_SOURCE`` as a callable: ``spin(seconds)`` queues the spin on the current
+    """The runtime's spin kernel (``cuda.SPIN``) as a callable: ``spin(seconds)`` queues the spin on the current
     stream; ``calls`` counts the spins queued."""
 
     def __init__(self, cp: Any) -> None:
-        self.kernel = cp.RawKernel(SPIN_SOURCE, "gpu_bench_spin")
+        from actorflow.runtime.cuda import SPIN
+
+        self.kernel = cp.RawKernel(SPIN, "actorflow_spin")
         self.calls = 0
 
     def __call__(self, seconds: float) -> None:
@@ -333,15 +322,6 @@ def section_a(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_sp
 # -- (b) overlap ---------------------------------------------------------------------
 
 
-VARIANTS = [
-    ("(1) collectives on the compute streams", dict(overlap=False, priority=False, fusion=False)),
-    ("(2) collective stream, no priorities", dict(priority=False, fusion=False)),
-    ("(3) + compute-first dispatch", dict(priority=True, fusion=False)),
-    ("(4) + fusion", dict(priority=True, fusion=True)),
-]
-"""overlap.py's four schedules (its main's table), the bucket cap added to (4) at run time."""
-
-
 def section_b(args: argparse.Namespace) -> None:
     import overlap  # benchmarks/overlap.py, beside this file
 
@@ -400,24 +380,17 @@ def overlap_table(
         ("schedule", "T ms", "max(C,M) ms", "C+M ms", "T/max(C,M)", "overlap efficiency"),
         ("communication alone M", f"{m * 1e3:.2f}", "", "", "", ""),
     ]
-    for label, options in VARIANTS:
-        options = dict(options, bucket_cap=args.bucket_cap) if options["fusion"] else options
-        plan = overlap.data_parallel(sizes, batch, link, **options)
+    for label, options in overlap.VARIANTS:
+        plan = overlap.data_parallel(sizes, batch, link, **overlap.with_cap(options, args.bucket_cap))
         t = overlap.step_time(plan, {"x": x, "y": y}, steps, args.repeats)
-        efficiency = (c + m - t) / min(c, m)
-        goal = ""
+        row = overlap.figures(t, c, m)
         if label.startswith("(4)") and link[0] is not None:
-            goal = f" (goal {OVERLAP_GOAL}: {'holds' if efficiency >= OVERLAP_GOAL else 'missed'})"
-        rows.append(
-            (
-                label,
-                f"{t * 1e3:.2f}",
-                f"{max(c, m) * 1e3:.2f}",
-                f"{(c + m) * 1e3:.2f}",
-                f"{t / max(c, m):.2f}",
-                f"{efficiency:.2f}{goal}",
+            efficiency = (c + m - t) / min(c, m)
+            row = (
+                *row[:-1],
+                f"{row[-1]} (goal {OVERLAP_GOAL}: {'holds' if efficiency >= OVERLAP_GOAL else 'missed'})",
             )
-        )
+        rows.append((label, *row))
     return rows
 
 

@@ -36,6 +36,31 @@ from actorflow.text import columns
 
 DEVICES = ["cpu:0", "cpu:1"]
 
+VARIANTS = [
+    ("(1) collectives on the compute streams", dict(overlap=False, priority=False, fusion=False)),
+    ("(2) collective stream, no priorities", dict(priority=False, fusion=False)),
+    ("(3) + compute-first dispatch", dict(priority=True, fusion=False)),
+    ("(4) + fusion", dict(priority=True, fusion=True)),
+]
+"""The four schedules: compile options of each (the fused one takes --bucket-cap too)."""
+
+
+def with_cap(options: dict, bucket_cap: int) -> dict:
+    return dict(options, bucket_cap=bucket_cap) if options["fusion"] else options
+
+
+def figures(t: float, c: float, m: float) -> tuple[str, ...]:
+    """A schedule's T, max(C, M), C + M (ms), T / max(C, M) and overlap efficiency
+    (C + M - T) / min(C, M)."""
+    efficiency = (c + m - t) / min(c, m)
+    return (
+        f"{t * 1e3:.2f}",
+        f"{max(c, m) * 1e3:.2f}",
+        f"{(c + m) * 1e3:.2f}",
+        f"{t / max(c, m):.2f}",
+        f"{efficiency:.2f}",
+    )
+
 
 def weights(sizes: list[int], seed: int = 0) -> list[np.ndarray]:
     """A weight matrix and a bias per layer, alternating."""
@@ -158,12 +183,6 @@ def main() -> int:
     link = (grad_bytes / seconds, args.latency)
     m = step_time(communication_alone(args.sizes, link), {}, args.steps, args.repeats)
 
-    variants = [
-        ("(1) collectives on the compute streams", dict(overlap=False, priority=False, fusion=False)),
-        ("(2) collective stream, no priorities", dict(priority=False, fusion=False)),
-        ("(3) + compute-first dispatch", dict(priority=True, fusion=False)),
-        ("(4) + fusion", dict(priority=True, fusion=True, bucket_cap=args.bucket_cap)),
-    ]
     print(
         f"actorflow overlap benchmark: python {platform.python_version()}, numpy {np.__version__}, "
         f"{os.cpu_count()} cores; MLP {args.sizes}, batch {args.batch} split over {len(DEVICES)} devices, "
@@ -176,23 +195,12 @@ def main() -> int:
     print(f"compute alone C = {c * 1e3:.2f} ms, communication alone M = {m * 1e3:.2f} ms (emulated)")
     header = ("variant", "T ms", "max(C,M) ms", "C+M ms", "T/max(C,M)", "overlap efficiency", "trace")
     rows = []
-    for k, (label, options) in enumerate(variants, 1):
+    for k, (label, options) in enumerate(VARIANTS, 1):
         trace = os.path.join(args.out, f"overlap_variant{k}.trace.json")
-        plan = data_parallel(args.sizes, args.batch, link, **options)
+        plan = data_parallel(args.sizes, args.batch, link, **with_cap(options, args.bucket_cap))
         t = step_time(plan, {"x": x, "y": y}, args.steps, args.repeats)
         write_trace(plan, {"x": x, "y": y}, args.steps, trace)
-        efficiency = (c + m - t) / min(c, m)
-        rows.append(
-            (
-                label,
-                f"{t * 1e3:.2f}",
-                f"{max(c, m) * 1e3:.2f}",
-                f"{(c + m) * 1e3:.2f}",
-                f"{t / max(c, m):.2f}",
-                f"{efficiency:.2f}",
-                trace,
-            )
-        )
+        rows.append((label, *figures(t, c, m), trace))
     print("\n".join(columns([header, *rows])))
     return 0
 
