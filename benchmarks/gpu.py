@@ -142,8 +142,8 @@ def gpu_name(cp: Any) -> str:
 
 
 class Spinner:
-    """The runtime's spin kernel (``cuda.SPIN``) as a callable: ``spin(seconds)`` queues the spin on the current
-    stream; ``calls`` counts the spins queued."""
+    """The runtime's spin kernel (``cuda.SPIN``) as a callable: ``spin(seconds)`` queues
+    the spin on the current stream; ``calls`` counts the spins queued."""
 
     def __init__(self, cp: Any) -> None:
         from actorflow.runtime.cuda import SPIN
