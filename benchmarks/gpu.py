@@ -380,9 +380,11 @@ def overlap_table(
         ("schedule", "T ms", "max(C,M) ms", "C+M ms", "T/max(C,M)", "overlap efficiency"),
         ("communication alone M", f"{m * 1e3:.2f}", "", "", "", ""),
     ]
-    for label, options in overlap.VARIANTS:
+    for k, (label, options) in enumerate(overlap.VARIANTS, 1):
         plan = overlap.data_parallel(sizes, batch, link, **overlap.with_cap(options, args.bucket_cap))
         t = overlap.step_time(plan, {"x": x, "y": y}, steps, args.repeats)
+        if args.out and link[0] is not None:
+            overlap.write_trace(plan, {"x": x, "y": y}, 3, os.path.join(args.out, f"overlap{k}.trace.json"))
         row = overlap.figures(t, c, m)
         if label.startswith("(4)") and link[0] is not None:
             efficiency = (c + m - t) / min(c, m)
@@ -417,13 +419,15 @@ def transformer_config(args: argparse.Namespace, device: str, steps: int) -> Any
     )
 
 
-def actorflow_transformer(config: Any, warm: int) -> tuple[float, list[float], float]:
+def actorflow_transformer(
+    config: Any, warm: int, trace: str | None = None
+) -> tuple[float, list[float], float]:
     """(samples/s over the steps after ``warm``, loss per step, the GPU's kernel seconds a
     step over the steps the report traced) of ``training.train``."""
     from actorflow.training import train
 
     stamps: list[float] = []
-    result = train(config, on_step=lambda step, loss: stamps.append(time.perf_counter()))
+    result = train(config, on_step=lambda step, loss: stamps.append(time.perf_counter()), trace=trace)
     timed = len(stamps) - warm
     rate = timed * config.train.batch_size / (stamps[-1] - stamps[warm - 1])
     return rate, list(result.losses), sum(result.kernel_seconds)
@@ -519,12 +523,13 @@ def compare_transformer(
 
     config = transformer_config(args, device, args.warm_steps + args.train_steps)
     data, initial = dataset(config), initial_parameters(config)
-    for _ in range(args.repeats):
+    for k in range(args.repeats):
         rate, losses = torch_transformer(config, data, initial, torch_device, args.warm_steps)
         found.theirs.append(rate)
         found.their_losses.append(losses)
         free()
-        rate, losses, busy = actorflow_transformer(config, args.warm_steps)
+        trace = os.path.join(args.out, "transformer.trace.json") if args.out and k == 0 else None
+        rate, losses, busy = actorflow_transformer(config, args.warm_steps, trace)
         found.busy.append(busy)
         found.ours.append(rate)
         found.our_losses.append(losses)
@@ -646,6 +651,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=3, help="runs per figure; medians are printed (default 3)")
     p.add_argument("--quick", action="store_true", help="a smoke run: 1 repeat, every part shrunk")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write Chrome traces there: (b)'s four schedules over the emulated link, (c)'s first actorflow run",
+    )
     p.add_argument(
         "--only", nargs="+", choices=list("abcd"), default=list("abcd"), help="the parts to run (default all)"
     )

@@ -5,8 +5,7 @@
 # GPU machines have CuPy, NCCL, PyTorch and pytest but not these), prints the GPUs and
 # the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py and
 # benchmarks/gpu_configs.py, each even when an earlier step failed. Everything printed is
-# also written to $OUT (default /tmp/out): gpu_check.log (all of it), pytest.txt, gpu.txt
-# and configs.txt. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT,
+# also written to $OUT (default /tmp/out): gpu_check.log, with gpu.py's Chrome traces. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT,
 # BENCH_LIMIT, CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g.
 # --quick). Exit status: 0 if every step passed.
 set -u
@@ -68,18 +67,18 @@ EOF
 
 stage "pytest -m gpu (limit ${PYTEST_LIMIT} s)"
 timeout -k 10 "$PYTEST_LIMIT" python3 -m pytest -m gpu -q -p no:randomly -p no:xdist -o addopts="" \
-    --timeout 300 -rfEs --durations=10 2>&1 | tee "$OUT/pytest.txt"
+    --timeout 300 -rfEs --durations=10 2>&1 | tee /tmp/pytest.txt
 tests=$?
 echo "gpu_check: pytest exit status $tests$([ "$tests" = 124 ] && echo ' (time limit)')"
 
 stage "benchmarks/gpu.py ${GPU_BENCH_ARGS:-} (limit ${BENCH_LIMIT} s)"
 # shellcheck disable=SC2086 # GPU_BENCH_ARGS is split into options on purpose
-timeout -k 10 "$BENCH_LIMIT" python3 benchmarks/gpu.py ${GPU_BENCH_ARGS:-} 2>&1 | tee "$OUT/gpu.txt"
+timeout -k 10 "$BENCH_LIMIT" python3 benchmarks/gpu.py --out "$OUT" ${GPU_BENCH_ARGS:-} 2>&1 | tee /tmp/gpu.txt
 bench=$?
 echo "gpu_check: gpu.py exit status $bench$([ "$bench" = 124 ] && echo ' (time limit)')"
 
 stage "benchmarks/gpu_configs.py (limit ${CONFIGS_LIMIT} s)"
-timeout -k 10 "$CONFIGS_LIMIT" python3 benchmarks/gpu_configs.py 2>&1 | tee "$OUT/configs.txt"
+timeout -k 10 "$CONFIGS_LIMIT" python3 benchmarks/gpu_configs.py 2>&1 | tee /tmp/configs.txt
 configs=$?
 echo "gpu_check: gpu_configs.py exit status $configs$([ "$configs" = 124 ] && echo ' (time limit)')"
 
