@@ -5,9 +5,10 @@
 # GPU machines have CuPy, NCCL, PyTorch and pytest but not these), prints the GPUs and
 # the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py and
 # benchmarks/gpu_configs.py, each even when an earlier step failed. Everything printed is
-# also written to $OUT (default /tmp/out): gpu_check.log, with gpu.py's Chrome traces. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT,
-# BENCH_LIMIT, CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g.
-# --quick). Exit status: 0 if every step passed.
+# also written to $OUT (default /tmp/out) as gpu_check.log, beside gpu.py's Chrome
+# traces. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT, BENCH_LIMIT,
+# CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g. --quick). Exit
+# status: 0 if every step passed.
 set -u
 set -o pipefail
 export PYTHONUNBUFFERED=1
