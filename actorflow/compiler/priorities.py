@@ -12,9 +12,10 @@ an actor whose result a collective or a copy to another device reads goes first,
 communication can start as soon as possible (a bias gradient must not wait behind the
 rest of the backward pass; a pipeline stage computes the input gradient the previous
 stage waits for before its own weight gradients); an actor launched early to wait on a
-collective's event goes last, so its wait can't hold up compute that could run
-meanwhile (one that gets the result at the collective's completion has nothing left to
-wait for, and keeps its place).
+collective's result goes last, so its wait can't hold up compute that could run
+meanwhile: a replayed stream (and a GPU stream) waits in its place for what it reads,
+so an update placed between backward ops held the backward pass for its gradient's
+all-reduce.
 
 With ``defer_weight_grads`` (the zero-bubble schedules), a weight-gradient actor
 (``Actor.weight_grad``) goes behind every other actor of its stream but those waiting on
@@ -36,8 +37,8 @@ def assign_priorities(plan: Plan, compute_first: bool = True, defer_weight_grads
     stream_of = {a.id: a.stream for a in plan.actors}
 
     def waits_on_collective(actor) -> bool:
-        producers = (plan.registers[i.register].producer for i in actor.inputs if i.sync == "event")
-        return any(stream_of[p] in collective_streams for p in producers)
+        producers = (plan.registers[i.register].producer for i in actor.inputs)
+        return any(p >= 0 and stream_of[p] in collective_streams for p in producers)
 
     def another_device_waits(actor) -> bool:
         consumers = (plan.actors[c.actor] for o in actor.outputs for c in plan.registers[o].consumers)
