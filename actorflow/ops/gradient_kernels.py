@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from . import cuda_rows
 from .kernels import _GELU_C
 
 _GELU_A = 0.044715
@@ -67,6 +68,9 @@ def tanh_grad(ins, outs):
 def softmax_grad(ins, outs, axis):
     dy, y = ins
     out = outs[0]
+    if not isinstance(dy, np.ndarray) and cuda_rows.fits(dy, axis, y, out):
+        cuda_rows.softmax_grad(dy, y, out)
+        return
     np.multiply(dy, y, out=out)
     total = out.sum(axis=axis, keepdims=True)
     np.subtract(dy, total, out=out)

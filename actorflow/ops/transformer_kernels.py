@@ -5,6 +5,7 @@ import functools
 import numpy as np
 
 from ..arrays import namespace
+from . import cuda_rows
 from .kernels import softmax
 
 
@@ -54,6 +55,9 @@ def _normalize(x, axis, eps, out):
 def layer_norm(ins, outs, axis, eps):
     x, gamma, beta = ins
     out = outs[0]
+    if not isinstance(x, np.ndarray) and cuda_rows.fits(x, axis, gamma, beta, out):
+        cuda_rows.layer_norm(x, gamma, beta, out, eps)  # one CUDA kernel, not ten passes
+        return
     _normalize(x, axis, eps, out)
     out *= _along(gamma, axis, x.ndim)
     out += _along(beta, axis, x.ndim)
@@ -65,6 +69,9 @@ def layer_norm_grad(ins, outs, axis, eps):
     means along ``axis``, sums over the other axes."""
     dy, x, gamma = ins
     dx, dgamma, dbeta = outs
+    if not isinstance(x, np.ndarray) and cuda_rows.fits(x, axis, dy, gamma, dx, dgamma, dbeta):
+        cuda_rows.layer_norm_grad(dy, x, gamma, dx, dgamma, dbeta, eps)  # three CUDA kernels
+        return
     others = tuple(k for k in range(x.ndim) if k != axis)
     gamma = _along(gamma, axis, x.ndim)
     xhat = np.empty_like(x)
@@ -95,6 +102,9 @@ def causal_softmax(ins, outs):
     """Softmax along the last axis with the future masked to -inf: exp gives exact zeros
     there, and the diagonal keeps every row's maximum finite."""
     out = outs[0]
+    if not isinstance(out, np.ndarray) and cuda_rows.fits(ins[0], -1, out):
+        cuda_rows.causal_softmax(ins[0], out)  # one CUDA kernel: the mask is the row's length
+        return
     np.copyto(out, ins[0])
     xp = namespace(out)
     np.copyto(out, -np.inf, where=_future(xp, out.shape[-1], None if xp is np else out.device.id))
