@@ -472,7 +472,9 @@ async def test_traced_gpu_kernels_span_their_time_on_the_gpu(order):
 @pytest.mark.parametrize("kind", ["sgd", "sgd_momentum", "adam"])
 def test_a_gpu_update_is_one_fused_kernel_equal_to_the_numpy_update(kind):
     """On a GPU, SGD (with or without momentum) and Adam update in one CUDA kernel each;
-    over several steps, the parameter and state stay the numpy update's, to rounding."""
+    over several steps, the parameter and state stay the numpy update's: bit for bit
+    for SGD (each step rounded as numpy rounds it, no fused multiply-add), to rounding
+    for Adam."""
     from actorflow.optim import kernels
 
     cp = cupy()
@@ -492,7 +494,10 @@ def test_a_gpu_update_is_one_fused_kernel_equal_to_the_numpy_update(kind):
                 state = [arrays[1]] if kind == "sgd_momentum" else []
                 kernels.sgd_update([arrays[0], grad, *state], [], lr=0.05, momentum=0.9 if state else 0.0)
     for name, h, d in zip(["p", "m", "v", "t"], host, device):
-        np.testing.assert_allclose(cp.asnumpy(d), h, rtol=2e-6, atol=1e-7, err_msg=name)
+        if kind == "adam":  # the bias corrections' pow, the GPU's and the host's, may differ
+            np.testing.assert_allclose(cp.asnumpy(d), h, rtol=1e-6, atol=0, err_msg=name)
+        else:  # rounded step by step as numpy rounds: bit for bit
+            np.testing.assert_array_equal(cp.asnumpy(d), h, err_msg=name)
 
 
 @gpu

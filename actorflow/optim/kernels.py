@@ -13,7 +13,7 @@ import numpy as np
 
 def sgd_update(ins, outs, lr, momentum):
     p, g = ins[0], ins[1]
-    if not isinstance(p, np.ndarray):
+    if _on_gpu(p):
         if momentum:
             _fused("sgd_momentum")(g, lr, momentum, p, ins[2])
         else:
@@ -30,7 +30,7 @@ def sgd_update(ins, outs, lr, momentum):
 def adam_update(ins, outs, lr, beta1, beta2, eps):
     p, g, m, v, t = ins
     t += 1
-    if not isinstance(p, np.ndarray):
+    if _on_gpu(p):
         _fused("adam")(g, t, lr, beta1, beta2, eps, p, m, v)
         return
     step = float(t)
@@ -43,30 +43,37 @@ def adam_update(ins, outs, lr, beta1, beta2, eps):
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
 
+def _on_gpu(p) -> bool:
+    """A float32 parameter on a GPU: updated by one fused kernel (``_FUSED``); any other
+    runs the numpy code, which CuPy's arrays take too."""
+    return not isinstance(p, np.ndarray) and p.dtype == np.float32
+
+
 _FUSED = {
-    "sgd": ("T g, float64 lr", "T p", "p = p - (T)lr * g;"),
+    "sgd": ("float32 g, float64 lr", "float32 p", "p = __fsub_rn(p, __fmul_rn((float)lr, g));"),
     "sgd_momentum": (
-        "T g, float64 lr, float64 momentum",
-        "T p, T v",
-        "v = v * (T)momentum + g; p = p - (T)lr * v;",
+        "float32 g, float64 lr, float64 momentum",
+        "float32 p, float32 v",
+        "v = __fadd_rn(__fmul_rn(v, (float)momentum), g); p = __fsub_rn(p, __fmul_rn((float)lr, v));",
     ),
     "adam": (
-        "T g, raw float64 t, float64 lr, float64 beta1, float64 beta2, float64 eps",
-        "T p, T m, T v",
+        "float32 g, raw float64 t, float64 lr, float64 beta1, float64 beta2, float64 eps",
+        "float32 p, float32 m, float32 v",
         """
         const double step = t[0];
-        m = m * (T)beta1 + (T)(1.0 - beta1) * g;
-        v = v * (T)beta2 + (T)(1.0 - beta2) * (g * g);
-        const T m_hat = m / (T)(1.0 - pow(beta1, step));
-        const T v_hat = v / (T)(1.0 - pow(beta2, step));
-        p = p - (T)lr * m_hat / (sqrt(v_hat) + (T)eps);
+        m = __fadd_rn(__fmul_rn(m, (float)beta1), __fmul_rn((float)(1.0 - beta1), g));
+        v = __fadd_rn(__fmul_rn(v, (float)beta2), __fmul_rn((float)(1.0 - beta2), __fmul_rn(g, g)));
+        const float m_hat = __fdiv_rn(m, (float)(1.0 - pow(beta1, step)));
+        const float v_hat = __fdiv_rn(v, (float)(1.0 - pow(beta2, step)));
+        p = __fsub_rn(p, __fdiv_rn(__fmul_rn((float)lr, m_hat), __fadd_rn(__fsqrt_rn(v_hat), (float)eps)));
         """,
     ),
 }
-"""On a GPU, each update as one CUDA kernel (seed 004's fusion: the numpy version's
-dozen element-wise passes and temporaries, one pass), with its arithmetic in the numpy
-version's order and precision: (in params, out params, operation) of a CuPy
-ElementwiseKernel."""
+"""On a GPU, each float32 update as one CUDA kernel (seed 004's fusion: the numpy
+version's dozen element-wise passes and temporaries, one pass): (in params, out params,
+operation) of a CuPy ElementwiseKernel. Each step is the numpy version's, rounded as it
+rounds (the intrinsics keep the compiler from fusing a multiply and an add into one
+rounding), so a GPU's update is the host's bit for bit, but for ``pow``."""
 
 
 @functools.cache
