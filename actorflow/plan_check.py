@@ -22,7 +22,7 @@ import numpy as np
 
 from .dag import find_cycle
 from .errors import CompileError, DeadlockError
-from .plan_data import Actor, Collective, PlanData
+from .plan_data import Actor, Collective, PlanData, parts_count
 
 ACTOR_KINDS = ("compute", "copy", "collective", "feed", "fetch", "variable", "update", "send", "recv")
 SYNCS = ("stream", "event", "implied", "completion")
@@ -311,9 +311,10 @@ def _refused_attrs(kernel: Callable, names: tuple[str, ...]) -> str | None:
 def _check_parts(plan: PlanData, a: Actor) -> None:
     """A fused chain (an op of several, ``Actor.ops``) carries one part per op: its
     kernel, attrs, sources and targets (within the actor's data inputs and outputs),
-    phase flag, name and where (``ops.chain``)."""
+    phase flag, name and where (``ops.chain``); a part may run several ops as one
+    kernel, with their parts in its attrs (``compiler.chains.cuda_chains``)."""
     parts = a.attrs.get("parts")
-    if not isinstance(parts, tuple) or len(parts) != len(a.ops):
+    if not isinstance(parts, tuple) or _members(parts) != len(a.ops):
         raise CompileError(f"actor {a.name!r} runs ops {list(a.ops)}, so its attrs need one part each")
     data_in = sum(not plan.registers[i.register].control for i in a.inputs)
     data_out = sum(not plan.registers[o].control for o in a.outputs)
@@ -348,6 +349,16 @@ def _check_parts(plan: PlanData, a: Actor) -> None:
                 f"actor {a.name!r}: part {k} of its chain takes a phase, but the actor acts at one rate"
             )
         written.update(part[3])
+
+
+def _members(parts: tuple) -> int | None:
+    """The ops ``parts`` run (``plan_data.parts_count``), or None for a malformed part."""
+    if not all(isinstance(p, tuple) and len(p) > 1 and isinstance(p[1], dict) for p in parts):
+        return None
+    nested = [p[1]["parts"] for p in parts if "parts" in p[1]]
+    if not all(isinstance(n, tuple) for n in nested):
+        return None
+    return parts_count(parts)
 
 
 def _check_chains(plan: PlanData) -> None:

@@ -166,10 +166,24 @@ class Actor:
     def kernels(self) -> list[tuple[Kernel, dict[str, Any]]]:
         """(kernel, attrs) of each kernel its act runs: its own, or each part of a fused
         chain (``attrs["parts"]``: per member ``(kernel, attrs, sources, targets, phased,
-        name, where)``, see ``ops.chain``)."""
+        name, where)``, see ``ops.chain``; a part that is itself a chain of parts, one
+        kernel for several members, gives theirs)."""
         if len(self.ops) == 1:
             return [(self.kernel, self.attrs)]
-        return [(part[0], part[1]) for part in self.attrs["parts"]]
+        return list(_kernels_of(self.attrs["parts"]))
+
+
+def parts_count(parts: tuple) -> int:
+    """The members a chain's ``parts`` run: one a part, or a nested chain's own count."""
+    return sum(parts_count(p[1]["parts"]) if "parts" in p[1] else 1 for p in parts)
+
+
+def _kernels_of(parts: tuple) -> Any:
+    for part in parts:
+        if "parts" in part[1]:
+            yield from _kernels_of(part[1]["parts"])
+        else:
+            yield part[0], part[1]
 
 
 @attrs.frozen

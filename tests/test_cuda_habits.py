@@ -396,6 +396,38 @@ def test_the_pass_makes_each_element_wise_chain_and_actor_one_kernel_writing_wha
         np.testing.assert_array_equal(got[name], want[name])
 
 
+def mixed_block() -> af.Graph:
+    """A chain of a matmul, a bias add and a gelu, then a matmul: element-wise parts
+    between parts that are not."""
+    rng = np.random.default_rng(3)
+    with af.Graph() as g:
+        x = af.placeholder("x", (B, N), "float32")
+        w = af.parameter("w", rng.standard_normal((N, N)).astype(np.float32))
+        bias = af.parameter("bias", rng.standard_normal(N).astype(np.float32))
+        v = af.parameter("v", rng.standard_normal((N, N)).astype(np.float32))
+        h = af.ops.gelu(af.ops.bias_add(af.ops.matmul(x, w), bias))
+        af.output("y", af.ops.matmul(h, v))
+    return g
+
+
+def test_a_run_of_element_wise_parts_inside_a_chain_becomes_one_part():
+    plan = af.compile(mixed_block())
+    (mixed,) = [a for a in plan.actors if a.kernel is chain]
+    assert [p[0].__name__ for p in mixed.attrs["parts"]] == ["matmul", "add", "gelu", "matmul"]
+    fused = cuda_chains(plan, on=lambda device: True)
+    parts = fused.actors[mixed.id].attrs["parts"]
+    assert [p[0] for p in parts][1] is habits.fused_chain
+    assert [p[0].__name__ for p in parts] == ["matmul", "fused_chain", "matmul"]
+    inner = parts[1][1]["parts"]
+    assert [p[0].__name__ for p in inner] == ["add", "gelu"]
+    code = habits.ChainCode(*parts[1][1]["code"])
+    assert len(code.outputs) == 1  # only the gelu's output, which the last matmul reads, is written
+    assert [k.__name__ for k, _ in fused.actors[mixed.id].kernels()] == ["matmul", "add", "gelu", "matmul"]
+    again = Plan.from_bytes(fused.to_bytes())  # checked: one part may run several ops
+    feeds = {"x": np.random.default_rng(4).standard_normal((B, N)).astype(np.float32)}
+    np.testing.assert_array_equal(af.run(again, feeds)["y"], af.run(plan, feeds)["y"])
+
+
 # -- relu's bit mask and the gather, numpy references (CPU) -----------------------------
 
 

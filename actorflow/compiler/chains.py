@@ -23,12 +23,12 @@ consumer: its credit comes back at once, so it needs one buffer (the names retur
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
 from ..ops.chain import Part, chain
-from ..ops.cuda_habits import chain_code, fits_one_kernel, fused_chain
-from ..plan import Actor, Input, Plan
+from ..ops.cuda_habits import SUPPORTED, chain_code, fits_one_kernel, fused_chain
+from ..plan import Actor, Input, Plan, Register
 from ..records import evolve
 from .registers import wish_quotas
 from .streams import stream_key
@@ -159,8 +159,9 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
     element's intermediates stay in registers and only the outputs someone reads are
     written, where the plain ``chain`` launches a kernel per part, each writing its
     register. An element-wise actor alone is a chain of one part, so a gelu's eight
-    passes are one too. A chain with another part, or whose registers don't fit one
-    kernel (not float32, an output smaller than an input), stays as it is."""
+    passes are one too; in a chain with other parts (a matmul), each run of element-wise
+    parts becomes one such part (a bias add and the gelu after it). Registers that don't
+    fit one kernel (not float32, an output smaller than an input) keep their parts."""
     actors = list(plan.actors)
     regs = plan.registers
     for actor in plan.actors:
@@ -174,7 +175,64 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
             code, [(r.shape, r.dtype) for r in ins], [(r.shape, r.dtype) for r in outs]
         ):
             actors[actor.id] = evolve(actor, kernel=fused_chain, attrs={"parts": parts, "code": code})
+        elif actor.kernel is chain:
+            fused = _fused_runs(parts, ins, outs)
+            if fused != parts:
+                actors[actor.id] = evolve(actor, attrs={**actor.attrs, "parts": fused})
     return evolve(plan, actors=tuple(actors))
+
+
+def _fused_runs(parts: Sequence[Part], ins: list[Register], outs: list[Register]) -> tuple[Part, ...]:
+    """``parts`` with each run of element-wise parts as one ``fused_chain`` part, where its
+    code fits one kernel. A run's part reads the chain's inputs and earlier parts' outputs
+    that the run reads, renumbered as its own inputs, and writes the run's outputs that
+    a later part or another actor reads."""
+    result: list[Part] = []
+    k = 0
+    while k < len(parts):
+        end = k
+        while end < len(parts) and parts[end][0].__name__ in SUPPORTED:
+            end += 1
+        run = parts[k:end]
+        part = _one_part(run, parts[end:], ins, outs) if run else None
+        result.extend(run if part is None else [part])
+        if not run:
+            result.append(parts[k])
+        k = max(end, k + 1)
+    return tuple(result)
+
+
+def _one_part(
+    run: Sequence[Part], after: Sequence[Part], ins: list[Register], outs: list[Register]
+) -> Part | None:
+    made = [t for part in run for t in part[3]]
+    sources: list[int] = []  # the chain's places the run reads, in first-read order
+    for part in run:
+        sources += [s for s in part[2] if (s >= 0 or ~s not in made) and s not in sources]
+    local = {s: k for k, s in enumerate(sources)} | {~t: ~k for k, t in enumerate(made)}
+    renumbered: list[Part] = [
+        (p[0], p[1], tuple(local[s] for s in p[2]), tuple(made.index(t) for t in p[3]), p[4], p[5], p[6])
+        for p in run
+    ]
+    read_after = {~s for part in after for s in part[2] if s < 0}
+    written = [k for k, t in enumerate(made) if outs[t].consumers or t in read_after]
+    code = chain_code(renumbered, written)
+    shape = [ins[s] if s >= 0 else outs[~s] for s in sources]
+    if code is None or not fits_one_kernel(
+        code, [(r.shape, r.dtype) for r in shape], [(outs[t].shape, outs[t].dtype) for t in made]
+    ):
+        return None
+    phased = any(part[4] for part in run)
+    name = "+".join(part[5] for part in run)
+    return (
+        fused_chain,
+        {"parts": tuple(renumbered), "code": code},
+        tuple(sources),
+        tuple(made),
+        phased,
+        name,
+        run[0][6],
+    )
 
 
 def _alone(plan: Plan, actor: Actor, inputs: int) -> Part:
