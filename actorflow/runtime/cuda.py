@@ -3,7 +3,9 @@
 A rank's ``cuda:N`` devices run on its GPUs, ``cuda:N`` on GPU N mod the GPU count, so
 several logical devices may share one GPU (the whole suite's multi-device shapes run on
 a one-GPU machine; a warning says so). Every plan stream of a cuda device, and every
-collective stream whose group is all cuda devices, is a CUDA stream of its own; a kernel
+collective stream whose group is all cuda devices, is a CUDA stream of its own (a
+collective stream of the highest priority, so that its kernels start first when SMs
+free up); a kernel
 runs with it as CuPy's current stream, so what the kernel does is queued there and the
 host goes on. A dependency between streams is a CUDA event the producing stream records
 after the act and the consuming stream waits on (``stream.wait_event``: the host never
@@ -34,6 +36,9 @@ from ..plan import Plan, Register, Stream
 
 EXTRA = "pip install 'actorflow[cuda]' (CuPy for CUDA 13; for CUDA 12: pip install cupy-cuda12x)"
 
+
+HIGHEST_PRIORITY = -100
+"""A CUDA stream priority past the highest any GPU has (lower is higher): clamped to it."""
 
 SPIN = r"""
 extern "C" __global__ void actorflow_spin(long long ns) {
@@ -119,8 +124,11 @@ class Gpus:
         for s in plan.streams:
             if s.rank == rank and cuda_stream(plan, s):
                 gpu = self._gpu_of_stream[s.id] = self.gpu[s.device if is_cuda(s.device) else s.group[0]]
+                # collectives first when SMs free up (as NCCL's streams are); CUDA clamps
+                # the number to the highest priority the GPU has
+                priority = HIGHEST_PRIORITY if s.kind == "collective" else 0
                 with cp.cuda.Device(gpu):
-                    self.streams[s.id] = cp.cuda.Stream(non_blocking=True)
+                    self.streams[s.id] = cp.cuda.Stream(non_blocking=True, priority=priority)
         self.timing: dict[int, tuple[Any, Any]] = {}
         """Traced (``time_kernels``): per plan stream, the timing events around its last kernel."""
         self._marks: dict[int, tuple[Any, float]] = {}
