@@ -312,13 +312,17 @@ def _check_parts(plan: PlanData, a: Actor) -> None:
     """A fused chain (an op of several, ``Actor.ops``) carries one part per op: its
     kernel, attrs, sources and targets (within the actor's data inputs and outputs),
     phase flag, name and where (``ops.chain``); a part may run several ops as one
-    kernel, with their parts in its attrs (``compiler.chains.cuda_chains``)."""
+    kernel, with their parts in its attrs (``compiler.chains.cuda_chains``), their
+    sources and targets its own inputs and outputs, checked the same way."""
     parts = a.attrs.get("parts")
     if not isinstance(parts, tuple) or _members(parts) != len(a.ops):
         raise CompileError(f"actor {a.name!r} runs ops {list(a.ops)}, so its attrs need one part each")
     data_in = sum(not plan.registers[i.register].control for i in a.inputs)
     data_out = sum(not plan.registers[o].control for o in a.outputs)
-    phased = plan.phases(a) > 1
+    _check_part_list(a, parts, data_in, data_out, plan.phases(a) > 1)
+
+
+def _check_part_list(a: Actor, parts: tuple, data_in: int, data_out: int, phased: bool) -> None:
     written: set[int] = set()
     for k, part in enumerate(parts):
         if not (
@@ -348,6 +352,8 @@ def _check_parts(plan: PlanData, a: Actor) -> None:
             raise CompileError(
                 f"actor {a.name!r}: part {k} of its chain takes a phase, but the actor acts at one rate"
             )
+        if "parts" in part[1]:
+            _check_part_list(a, part[1]["parts"], len(part[2]), len(part[3]), part[4])
         written.update(part[3])
 
 
@@ -356,7 +362,7 @@ def _members(parts: tuple) -> int | None:
     if not all(isinstance(p, tuple) and len(p) > 1 and isinstance(p[1], dict) for p in parts):
         return None
     nested = [p[1]["parts"] for p in parts if "parts" in p[1]]
-    if not all(isinstance(n, tuple) for n in nested):
+    if not all(isinstance(n, tuple) and _members(n) is not None for n in nested):
         return None
     return parts_count(parts)
 
@@ -365,7 +371,7 @@ def _check_chains(plan: PlanData) -> None:
     """Each fused chain's parts (once consumers are known good: a part's phase depends on
     who reads the actor's outputs)."""
     for a in plan.actors:
-        if len(a.ops) > 1:
+        if len(a.ops) > 1 or "parts" in a.attrs:
             _check_parts(plan, a)
 
 

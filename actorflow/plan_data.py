@@ -168,7 +168,7 @@ class Actor:
         chain (``attrs["parts"]``: per member ``(kernel, attrs, sources, targets, phased,
         name, where)``, see ``ops.chain``; a part that is itself a chain of parts, one
         kernel for several members, gives theirs)."""
-        if len(self.ops) == 1:
+        if "parts" not in self.attrs:
             return [(self.kernel, self.attrs)]
         return list(_kernels_of(self.attrs["parts"]))
 

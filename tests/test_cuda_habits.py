@@ -377,15 +377,16 @@ def test_the_pass_makes_each_element_wise_chain_and_actor_one_kernel_writing_wha
     assert chains
     assert cuda_chains(plan) == plan  # on cpu devices: nothing to do
     fused = cuda_chains(plan, on=lambda device: True)
-    alone = [a for a in plan.actors if a.kind == "compute" and a.kernel.__name__ in habits.SUPPORTED]
+    alone = [a for a in plan.actors if a.kind == "compute" and habits.element_wise(a.kernel)]
     assert alone  # an element-wise actor alone is a chain of one part
     assert {a.name for a in fused_actors(fused)} == {a.name for a in chains + alone}
     for actor in fused_actors(fused):
-        code = habits.ChainCode(*actor.attrs["code"])
+        code = habits.chain_code(actor.attrs["parts"], actor.attrs["written"])
         outs = [r for r in (fused.registers[o] for o in actor.outputs) if not r.control]
         assert [outs[t].name for t in code.outputs] == [r.name for r in outs if r.consumers]
     again = Plan.from_bytes(fused.to_bytes())
-    assert [a.attrs.get("code") for a in again.actors] == [a.attrs.get("code") for a in fused.actors]
+    assert [a.attrs.get("written") for a in again.actors] == [a.attrs.get("written") for a in fused.actors]
+    assert all("code" not in a.attrs for a in again.actors)  # no CUDA source travels in a plan
     rng = np.random.default_rng(2)
     feeds = {
         name: rng.standard_normal(s).astype(np.float32)
@@ -420,12 +421,41 @@ def test_a_run_of_element_wise_parts_inside_a_chain_becomes_one_part():
     assert [p[0].__name__ for p in parts] == ["matmul", "fused_chain", "matmul"]
     inner = parts[1][1]["parts"]
     assert [p[0].__name__ for p in inner] == ["add", "gelu"]
-    code = habits.ChainCode(*parts[1][1]["code"])
+    code = habits.chain_code(parts[1][1]["parts"], parts[1][1]["written"])
     assert len(code.outputs) == 1  # only the gelu's output, which the last matmul reads, is written
     assert [k.__name__ for k, _ in fused.actors[mixed.id].kernels()] == ["matmul", "add", "gelu", "matmul"]
     again = Plan.from_bytes(fused.to_bytes())  # checked: one part may run several ops
     feeds = {"x": np.random.default_rng(4).standard_normal((B, N)).astype(np.float32)}
     np.testing.assert_array_equal(af.run(again, feeds)["y"], af.run(plan, feeds)["y"])
+
+
+def test_element_wise_parts_are_known_by_identity_not_name():
+    class Twice:  # a kernel that is a callable object, with no __name__
+        def __call__(self, ins, outs):
+            outs[0][...] = 2 * ins[0]
+
+    def add(ins, outs):  # another function named add
+        outs[0][...] = ins[0] + ins[1]
+
+    assert habits.element_wise(kernels.add) and habits.element_wise(grads.gelu_grad)
+    assert not habits.element_wise(Twice()) and not habits.element_wise(add)
+
+
+def test_a_nested_part_reading_past_its_inputs_is_refused_when_a_plan_loads():
+    from actorflow.errors import PlanSerializationError
+    from actorflow.records import evolve
+
+    fused = cuda_chains(af.compile(mixed_block()), on=lambda device: True)
+    (mixed,) = [a for a in fused.actors if a.kernel is chain]
+    parts = list(mixed.attrs["parts"])
+    kernel, attrs, sources, targets, *rest = parts[1]
+    inner = list(attrs["parts"])
+    inner[0] = (inner[0][0], inner[0][1], (99,), *inner[0][3:])
+    parts[1] = (kernel, {**attrs, "parts": tuple(inner)}, sources, targets, *rest)
+    actors = list(fused.actors)
+    actors[mixed.id] = evolve(mixed, attrs={**mixed.attrs, "parts": tuple(parts)})
+    with pytest.raises(PlanSerializationError, match="reads \\[99\\]"):
+        Plan.from_bytes(evolve(fused, actors=tuple(actors)).to_bytes())
 
 
 # -- relu's bit mask and the gather, numpy references (CPU) -----------------------------
@@ -524,7 +554,9 @@ def test_a_fused_chain_equals_the_plain_chain_run_with_cupy(name):
     plain, fused = (to_gpu([np.zeros(s, np.float32) for s in out_shapes]) for _ in range(2))
     run_plain(parts, gins, plain, micro_batches)
     for phase in range(micro_batches):
-        habits.fused_chain([*gins, phase] if micro_batches > 1 else gins, fused, parts=parts, code=code)
+        habits.fused_chain(
+            [*gins, phase] if micro_batches > 1 else gins, fused, parts=parts, written=code.outputs
+        )
     for t in code.outputs:
         np.testing.assert_allclose(
             fused[t].get(), plain[t].get(), rtol=1e-5, atol=1e-5, err_msg=f"output {t}"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
 from ..ops.chain import Part, chain
-from ..ops.cuda_habits import SUPPORTED, chain_code, fits_one_kernel, fused_chain
+from ..ops.cuda_habits import chain_code, element_wise, fits_one_kernel, fused_chain
 from ..plan import Actor, Input, Plan, Register
 from ..records import evolve
 from .registers import wish_quotas
@@ -174,7 +174,8 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
         if code is not None and fits_one_kernel(
             code, [(r.shape, r.dtype) for r in ins], [(r.shape, r.dtype) for r in outs]
         ):
-            actors[actor.id] = evolve(actor, kernel=fused_chain, attrs={"parts": parts, "code": code})
+            attrs = {"parts": parts, "written": code.outputs}
+            actors[actor.id] = evolve(actor, kernel=fused_chain, attrs=attrs)
         elif actor.kernel is chain:
             fused = _fused_runs(parts, ins, outs)
             if fused != parts:
@@ -191,7 +192,7 @@ def _fused_runs(parts: Sequence[Part], ins: list[Register], outs: list[Register]
     k = 0
     while k < len(parts):
         end = k
-        while end < len(parts) and parts[end][0].__name__ in SUPPORTED:
+        while end < len(parts) and element_wise(parts[end][0]):
             end += 1
         run = parts[k:end]
         part = _one_part(run, parts[end:], ins, outs) if run else None
@@ -226,7 +227,7 @@ def _one_part(
     name = "+".join(part[5] for part in run)
     return (
         fused_chain,
-        {"parts": tuple(renumbered), "code": code},
+        {"parts": tuple(renumbered), "written": code.outputs},
         tuple(sources),
         tuple(made),
         phased,

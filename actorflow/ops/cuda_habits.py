@@ -216,26 +216,48 @@ def fits_one_kernel(
 _ELEMENTWISE: dict[ChainCode, Any] = {}
 """Compiled-on-first-call kernels, by their code (equal chains share one)."""
 
+_CODES: dict[int, tuple[Sequence[Part], Sequence[int], ChainCode]] = {}
+"""Each fused actor's code, made on its first act, by the id of its parts."""
+
 
 def _elementwise(code: ChainCode) -> Any:
     kernel = _ELEMENTWISE.get(code)
     if kernel is None:
         cupy = importlib.import_module("cupy")
+        # --fmad=false: each multiply and add rounded as numpy rounds them, not fused
         kernel = cupy.ElementwiseKernel(
-            code.in_params, code.out_params, code.operation, name=code.name, no_return=True
+            code.in_params,
+            code.out_params,
+            code.operation,
+            name=code.name,
+            no_return=True,
+            options=("--fmad=false",),
         )
         _ELEMENTWISE[code] = kernel
     return kernel
 
 
-def fused_chain(ins: list, outs: list, parts: Sequence[Part], code: Sequence) -> None:
-    """A chain's kernel as one CUDA kernel (``code``, a ChainCode or the plain tuple a
-    Plan's bytes give back); on numpy arrays, the plain chain of ``parts``. The
-    launch goes on CuPy's current stream, as every kernel's does."""
+def _code_of(parts: Sequence[Part], written: Sequence[int]) -> ChainCode:
+    """``chain_code(parts, written)``, written once per fused actor: a Plan carries the
+    parts (functions it resolves only from allowed modules) and which outputs to write,
+    never CUDA source, so loading a plan compiles nothing it says."""
+    entry = _CODES.get(id(parts))
+    if entry is None or entry[0] is not parts or entry[1] != written:
+        code = chain_code(parts, written)
+        if code is None:
+            raise ValueError(f"parts {[p[5] for p in parts]} are not a chain one kernel can run")
+        entry = _CODES[id(parts)] = (parts, written, code)
+    return entry[2]
+
+
+def fused_chain(ins: list, outs: list, parts: Sequence[Part], written: Sequence[int]) -> None:
+    """A chain's kernel as one CUDA kernel (its parts' ``chain_code``, writing only the
+    outputs ``written``); on numpy arrays, the plain chain of ``parts``. The launch goes
+    on CuPy's current stream, as every kernel's does."""
     if isinstance(outs[0], np.ndarray):
         chain(ins, outs, parts)
         return
-    code = ChainCode(*code) if type(code) is not ChainCode else code
+    code = _code_of(parts, written)
     args = [ins[k] for k in code.inputs]
     if code.phased:
         args.append(int(ins[-1]))
@@ -249,7 +271,17 @@ def fused_chain_kernel(parts: Sequence[Part], written: Collection[int] | None = 
     plain ``chain`` runs them. Whether the registers' shapes and dtypes fit is
     ``fits_one_kernel``'s to say (CuPy raises where they don't)."""
     code = chain_code(parts, written)
-    return None if code is None else partial(fused_chain, parts=parts, code=code)
+    return None if code is None else partial(fused_chain, parts=parts, written=code.outputs)
+
+
+def element_wise(kernel: Callable) -> bool:
+    """Whether ``kernel`` is one ``chain_code`` writes code for (by identity: another
+    function of the same name is not)."""
+    return kernel in _EXPRESSIONS or kernel in (
+        gradient_kernels.gelu_grad,
+        gradient_kernels.scale,
+        accumulate,
+    )
 
 
 # -- 2. relu's mask as bits -------------------------------------------------------------
