@@ -53,8 +53,8 @@ def cupy():
 
 
 def gpu_of(device: str) -> int:
-    """The GPU a logical ``cuda:N`` runs on: N % the GPUs there are."""
-    return int(device.removeprefix("cuda:")) % cupy().cuda.runtime.getDeviceCount()
+    """The GPU a logical ``cuda:N`` runs on: the process's current one, for every N."""
+    return cupy().cuda.Device().id
 
 
 def check_quotas(plan: af.Plan, stats: dict[str, dict[str, int]]) -> None:
@@ -524,3 +524,33 @@ async def test_an_emulated_link_on_a_gpu_takes_its_time_on_the_gpu(order):
     for (start, end), reader in zip(links, after):
         assert end - start >= 0.025, (start, end)
         assert reader >= end - 1e-4
+
+
+@gpu
+@pytest.mark.parametrize("overlap", [False, True])
+async def test_with_overlap_off_a_collective_never_runs_beside_compute_on_the_gpu(overlap):
+    """overlap=False on cuda devices: the collective waits on the GPU for what its held
+    compute streams launched, and they for it, so no GPU-timed span of the all-reduce
+    (over a 30 ms emulated link) meets one of independent slow compute on its devices;
+    with overlap on, they do meet. The sums and the compute are right either way."""
+    with af.Graph() as g:
+        x0 = af.placeholder("x0", (4,), "float32", "cuda:0")
+        x1 = af.placeholder("x1", (4,), "float32", "cuda:1")
+        r = af.ops.all_reduce([af.ops.relu(x0), af.ops.relu(x1)], name="ar")
+        af.output("r0", r[0])
+        af.output("side", af.ops.call(cs.slow_add_one, x0, shape=(4,), dtype="float32", name="side"))
+    plan = af.compile(g, link_bandwidth=4 * 4 / 0.03, overlap=overlap)
+    feeds = {"x0": np.ones(4, np.float32), "x1": np.full(4, 2.0, np.float32)}
+    async with af.Runtime(plan, trace=True, order="dynamic") as rt:
+        await rt.run(feeds)  # compiles CuPy's kernels
+        rt.recorder.clear()
+        outs = await rt.run([feeds] * 3)
+        spans = rt.recorder.kernels()
+    for out in outs:
+        np.testing.assert_array_equal(out["r0"], np.full(4, 3.0, np.float32))
+        np.testing.assert_array_equal(out["side"], np.full(4, 2.0, np.float32))
+    collective = [s for s in spans if s.name == "ar"]
+    compute = [s for s in spans if s.name == "side"]
+    together = [(c, k) for c in collective for k in compute if c.start < k.end and k.start < c.end]
+    assert len(collective) == len(compute) == 3
+    assert bool(together) is overlap

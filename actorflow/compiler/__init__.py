@@ -60,9 +60,9 @@ def compile(graph: Graph, **options: Any) -> Plan:
     rate, runs inside that producer's act, one kernel after the other, where the
     producer's other readers are on its stream; a producer takes one follower and a
     chain is cut every 8 members (see ``chains``; False: every op its own actor);
-    cuda_chains: on a cuda device, a chain of element-wise ops runs as one generated CUDA
-    kernel, its intermediates kept in registers (``chains.cuda_chains``; False: each
-    part its own kernel, for comparison); overlap:
+    cuda_chains: on a cuda device, an element-wise op, a chain of them, or a run of them
+    inside a chain runs as one generated CUDA kernel, its intermediates kept in registers
+    (``chains.cuda_chains``; False: each op its own kernels, for comparison); overlap:
     False makes collectives act as if they shared their devices' compute streams (the
     schedule with no overlap, for comparison).
 
@@ -118,8 +118,8 @@ def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
     ]
     if o.fuse_kernels:
         steps.append(("fuse_chains", fuse_chains))
-        if o.cuda_chains:
-            steps.append(("cuda_chains", cuda_chains))
+    if o.cuda_chains:
+        steps.append(("cuda_chains", cuda_chains))
     if o.fusion:
         steps.append(
             (

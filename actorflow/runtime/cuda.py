@@ -1,22 +1,28 @@
 """CUDA devices, through CuPy: the GPU side of the device interface (``device``).
 
-A rank's ``cuda:N`` devices run on its GPUs, ``cuda:N`` on GPU N mod the GPU count, so
-several logical devices may share one GPU (the whole suite's multi-device shapes run on
-a one-GPU machine; a warning says so). Every plan stream of a cuda device, and every
-collective stream whose group is all cuda devices, is a CUDA stream of its own (a
-collective stream of the highest priority, so that its kernels start first when SMs
-free up); a kernel
-runs with it as CuPy's current stream, so what the kernel does is queued there and the
-host goes on. A dependency between streams is a CUDA event the producing stream records
-after the act and the consuming stream waits on (``stream.wait_event``: the host never
-waits for the GPU); a host stream (``cpu:``) that reads what a GPU wrote waits for the
-event on the host, as it must. The host learns that a stream's work is done only at the
-end of a run (``finish``) and where it reads device memory (fetches, ``get``).
+A process's ``cuda:N`` devices all run on one GPU, the current one (device 0 as CUDA
+sees it: ``CUDA_VISIBLE_DEVICES`` picks it), so several logical devices share it and the
+whole suite's multi-device shapes run on a one-GPU machine (a warning says so). Plans
+over several GPUs would need NCCL between them, which this version does not build.
 
-Registers are allocated once, on their device's GPU, as planned. Traced, a GPU kernel's
-span is its time on the GPU, between two timing events, read at the run's end. Feeds go to the GPU
-through pinned host buffers (``Staged``) and fetches come back into pinned memory
-(``arrays.to_host_soon``), each copy queued on the stream that runs it.
+Every plan stream of a cuda device, and every collective stream whose group is all cuda
+devices, is a CUDA stream of its own (a collective stream of the highest priority, so
+that its kernels start first as SMs free up); a kernel runs with it as CuPy's current
+stream, so what the kernel does is queued there and the host goes on. A dependency
+between streams is a CUDA event the producing stream records after the act and the
+consuming stream waits on (``stream.wait_event``: the host never waits for another
+stream); a host stream (``cpu:``) that reads what a GPU wrote, or writes a buffer a GPU
+read, waits for the event on the host, as it must. The host also waits for the GPU at
+the end of a run (``finish``), where it reads device memory (fetches, parameters), and
+before it writes a pinned feed buffer again (``Staged``).
+
+Registers are allocated once, on the GPU, as planned, and the allocation (queued on the
+default stream) is waited for before any stream runs. Traced, a GPU kernel's span runs
+from when its stream reached the act (after its waits) to the end of the act's last GPU
+work: its time on the GPU where the GPU runs behind the host, the host's launch time
+where the GPU waits for it. Feeds go to the GPU through pinned host buffers (``Staged``)
+and fetches come back into pinned memory (``arrays.to_host_soon``), each copy queued on
+the stream that runs it.
 """
 
 from __future__ import annotations
@@ -84,13 +90,12 @@ def cuda_stream(plan: Plan, stream: Stream) -> bool:
 
 
 class Gpus:
-    """This rank's GPUs, as ``plan`` uses them: the GPU of each cuda device, a CUDA stream
-    per cuda plan stream (``streams``, by plan stream id), and their memory."""
+    """This rank's GPU, as ``plan`` uses it: a CUDA stream per cuda plan stream
+    (``streams``, by plan stream id), and the registers' memory."""
 
     def __init__(self, plan: Plan, rank: int) -> None:
         devices = sorted(
             {a.device for a in plan.actors if plan.rank_of(a.device) == rank and is_cuda(a.device)}
-            | {r.device for r in plan.registers if plan.rank_of(r.device) == rank and is_cuda(r.device)}
         )
         self.cupy = cp = import_cupy()
         if plan.world > 1:
@@ -98,12 +103,10 @@ class Gpus:
                 "cuda: devices over several ranks need NCCL communicators between the ranks' GPUs, "
                 "which this version does not build: run cuda plans in one process"
             )
-        count = cp.cuda.runtime.getDeviceCount()
-        self.gpu = {d: int(d.partition(":")[2]) % count for d in devices}
-        if len(devices) > count:
+        if len(devices) > 1:
             warnings.warn(
-                f"{len(devices)} cuda devices share {count} GPU{'s' if count > 1 else ''} "
-                "(cuda:N runs on GPU N mod that count)",
+                f"{len(devices)} cuda devices share one GPU (this version runs a process's cuda devices "
+                "on its current GPU)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -114,25 +117,24 @@ class Gpus:
                     f"collective {coll.name!r} mixes host and cuda devices ({sorted(group)}): "
                     "copy its tensors to one kind of device first (af.ops.to_device)"
                 )
-            if len({self.gpu.get(d) for d in group}) > 1:
-                raise DeviceError(
-                    f"collective {coll.name!r} spans several GPUs: collectives between distinct GPUs "
-                    "need NCCL, which this version does not build; place its devices on one GPU"
-                )
-        self.streams: dict[int, Any] = {}
-        self._gpu_of_stream: dict[int, int] = {}
-        for s in plan.streams:
-            if s.rank == rank and cuda_stream(plan, s):
-                gpu = self._gpu_of_stream[s.id] = self.gpu[s.device if is_cuda(s.device) else s.group[0]]
-                # collectives first when SMs free up (as NCCL's streams are); CUDA clamps
-                # the number to the highest priority the GPU has
-                priority = HIGHEST_PRIORITY if s.kind == "collective" else 0
-                with cp.cuda.Device(gpu):
-                    self.streams[s.id] = cp.cuda.Stream(non_blocking=True, priority=priority)
+        # collectives first when SMs free up (as NCCL's streams are); CUDA clamps the
+        # number to the highest priority the GPU has
+        self.streams: dict[int, Any] = {
+            s.id: cp.cuda.Stream(
+                non_blocking=True, priority=HIGHEST_PRIORITY if s.kind == "collective" else 0
+            )
+            for s in plan.streams
+            if s.rank == rank and cuda_stream(plan, s)
+        }
         self.timing: dict[int, tuple[Any, Any]] = {}
         """Traced (``time_kernels``): per plan stream, the timing events around its last kernel."""
-        self._marks: dict[int, tuple[Any, float]] = {}
+        self._mark: tuple[Any, float] | None = None
         self._spin: Any = None
+
+    def synchronize(self) -> None:
+        """Wait on the host for everything queued on the GPU: the registers' allocation and
+        values (queued on the default stream, which the plan's streams don't wait for)."""
+        self.cupy.cuda.Device().synchronize()
 
     def time_kernels(self, units: list) -> None:
         """Traced: each kernel on a GPU stream between two timing events (``timing``)."""
@@ -150,20 +152,18 @@ class Gpus:
         return result
 
     def mark(self) -> None:
-        """Before a traced run: a reference event per GPU, done at a known host time, from
-        which ``seconds`` tells the host time of a timing event."""
-        self._marks = {}
-        for gpu in set(self.gpu.values()):
-            with self.cupy.cuda.Device(gpu):
-                event = self.cupy.cuda.Event()
-                event.record()
-                event.synchronize()
-                self._marks[gpu] = (event, time.perf_counter())
+        """Before a traced run: a reference event, done at a known host time, from which
+        ``seconds`` tells the host time of a timing event."""
+        event = self.cupy.cuda.Event()
+        event.record()
+        event.synchronize()
+        self._mark = (event, time.perf_counter())
 
-    def seconds(self, stream: int, event: Any) -> float:
+    def seconds(self, event: Any) -> float:
         """The host clock's time (``time.perf_counter``) when the GPU reached ``event``,
-        recorded on plan stream ``stream`` since ``mark`` and done by now."""
-        mark, at = self._marks[self._gpu_of_stream[stream]]
+        recorded since ``mark`` and done by now."""
+        assert self._mark is not None, "marked before the traced run"
+        mark, at = self._mark
         return at + self.cupy.cuda.get_elapsed_time(mark, event) / 1e3
 
     def link(self, kernel: Callable, seconds: float, ins: list, outs: list) -> Any:
@@ -189,12 +189,10 @@ class Gpus:
         return self.cupy.cuda.Event(disable_timing=True)
 
     def zeros(self, register: Register) -> Any:
-        with self.cupy.cuda.Device(self.gpu[register.device]):
-            return self.cupy.zeros(register.shape, register.dtype)
+        return self.cupy.zeros(register.shape, register.dtype)
 
     def array(self, register: Register, value: np.ndarray) -> Any:
-        with self.cupy.cuda.Device(self.gpu[register.device]):
-            return self.cupy.array(np.asarray(value, dtype=register.dtype))
+        return self.cupy.array(np.asarray(value, dtype=register.dtype))
 
     def replayed(self, kernel: Callable, stream: int, waits: list, record: Any) -> Callable:
         """A replayed instruction's kernel on plan stream ``stream``: after the events

@@ -125,19 +125,24 @@ class CpuStream:
 
 class Fence:
     """One collective's hold on ``streams`` other streams: each parks when it reaches the
-    fence, the collective runs once all have parked, and its end releases them."""
+    fence, the collective runs once all have parked, and its end releases them, with the
+    event that marks that end on a GPU (``event``: what a held GPU stream then waits on;
+    None on the host, where the end is the release)."""
 
     def __init__(self, streams: int) -> None:
         self._parked = threading.Semaphore(0)
         self._streams = streams
         self._released = threading.Event()
+        self.event: Any = None
 
-    def park(self, closed: Callable[[], bool]) -> None:
-        """On a held stream's thread: stop here until the collective ended (or ``closed``)."""
+    def park(self, closed: Callable[[], bool]) -> Any:
+        """On a held stream's thread: stop here until the collective ended (or ``closed``);
+        returns its ``event``."""
         self._parked.release()
         while not self._released.wait(POLL):
             if closed():
-                return
+                return None
+        return self.event
 
     def hold(self, closed: Callable[[], bool]) -> None:
         """On the collective's thread: wait until every held stream parked (or ``closed``)."""
@@ -146,5 +151,6 @@ class Fence:
                 if closed():
                     return
 
-    def release(self) -> None:
+    def release(self, event: Any = None) -> None:
+        self.event = event
         self._released.set()

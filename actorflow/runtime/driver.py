@@ -220,7 +220,9 @@ class Driver:
                         self.unfinished += 1
                 self.queue.dirty(unit)
         elif type(message) is Hold:
-            message.fence.park(lambda: self.closed)
+            event = message.fence.park(lambda: self.closed)
+            if event is not None:
+                self.stream.wait(event)
 
     def _launch_ready(self) -> None:
         """Launch units in priority order until none can act, or news came (it may ready
@@ -252,7 +254,7 @@ class Driver:
         fence = self._hold(unit) if unit.fences else None
         self.stream.launch(unit.kernel, ins, outs, (unit, acts))
         if fence is not None:
-            fence.release()
+            fence.release(self.stream.event)
 
     def _hold(self, unit: Unit) -> Fence:
         """Park the streams ``unit`` holds (overlap off) before its kernel runs."""
@@ -260,6 +262,9 @@ class Driver:
         for driver in unit.fences:
             self.peers[driver].post(Hold(fence))
         fence.hold(lambda: self.closed)
+        for driver in unit.fences:  # parked: on a GPU, what they launched runs before it
+            if (event := self.peers[driver].stream.event) is not None:
+                self.stream.wait(event)
         return fence
 
     peers: dict[int, Driver]

@@ -365,7 +365,11 @@ class ReplayStream:
             if replay.closed:
                 return
             if replay.gpus is not None:
-                replay.gpus.finish(self.plan_stream)
+                try:
+                    replay.gpus.finish(self.plan_stream)
+                except BaseException as exc:  # noqa: BLE001 - a CUDA error of the run's work
+                    replay.host.fail_soon(exc)
+                    return
             replay.host.stream_finished()
 
     def _run(self, run: Run) -> None:

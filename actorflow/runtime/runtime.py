@@ -175,9 +175,10 @@ class Runtime:
         gpus = self._gpus = Gpus(plan, self.rank) if _on_gpus(plan, self.rank) else None
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
-            gpus.stage_feeds(plan, wiring.units)
             if self._spans is not None:
                 gpus.time_kernels(wiring.units)
+            gpus.stage_feeds(plan, wiring.units)
+            gpus.synchronize()
         if self.order == "dynamic":
             program: Program | str = "order='dynamic' was asked for"
         elif self._actor_log is not None:
@@ -282,14 +283,11 @@ class Runtime:
             return results[0] if single else results
 
     def _gpu_spans(self) -> None:
-        """Record the spans of this run's traced GPU kernels, as the GPU ran them."""
+        """Record the spans of this run's traced GPU kernels (``cuda.Gpus.time_kernels``)."""
         assert self._gpus is not None and self._spans is not None, "traced on a GPU"
         seconds = self._gpus.seconds
         for unit, number, start, end, acts in self._on_gpu:
-            stream = unit.stream
-            self._spans.record(
-                self.recorder, unit, number, seconds(stream, start), seconds(stream, end), acts
-            )
+            self._spans.record(self.recorder, unit, number, seconds(start), seconds(end), acts)
         self._on_gpu.clear()
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
@@ -463,6 +461,8 @@ class Runtime:
                 )
         for name, buffer in held.items():
             copy_into(buffer, values[name])
+        if self._gpus is not None:
+            self._gpus.synchronize()
 
     def _held(self) -> list[Parameter]:
         plan = self.plan
