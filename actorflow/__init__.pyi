@@ -4,6 +4,7 @@ from .errors import (
     ActorflowError as ActorflowError,
     CompileError as CompileError,
     DeadlockError as DeadlockError,
+    DeviceError as DeviceError,
     FeedError as FeedError,
     GraphError as GraphError,
     KernelError as KernelError,

@@ -44,8 +44,8 @@ def to_host_soon(x: Any) -> Any:
 
 def copy_into(dst: Any, src: Any) -> None:
     """``dst[...] = src`` where either may be on the host or a device: host to device and
-    device to device on the current CUDA stream; device to host after that stream's work
-    (``get`` waits for it)."""
+    device to device on the current CUDA stream; device to host once the current stream's
+    work is done (``get`` waits for it; what another stream wrote, the caller waits for)."""
     if isinstance(dst, np.ndarray):
         if on_device(src):
             src.get(out=dst)

@@ -84,6 +84,7 @@ from typing import Any
 import numpy as np
 
 import actorflow as af
+from actorflow.runtime.cuda import import_cupy, unavailable
 from actorflow.text import columns, count
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,39 +102,6 @@ CHUNK = 512
 launch queue's depth, about 1024, past which a launch would wait for the GPU)."""
 
 # -- the GPU -------------------------------------------------------------------------
-
-
-def gpu_missing() -> str | None:
-    """Why CuPy and a GPU cannot be used here, or None: actorflow's own check where there
-    is one (``actorflow.runtime.cuda.unavailable``), else CuPy's device count."""
-    try:
-        from actorflow.runtime.cuda import unavailable
-    except ImportError:
-        unavailable = None
-    if unavailable is not None:
-        try:
-            return unavailable()
-        except Exception as err:  # noqa: BLE001 - any failure of the check is a reason
-            return f"actorflow.runtime.cuda.unavailable() failed: {err!r}"
-    try:
-        import cupy
-    except ImportError as err:
-        return f"CuPy is not installed ({err}): pip install 'actorflow[cuda]'"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as err:  # noqa: BLE001 - CUDARuntimeError and driver errors alike
-        return f"CuPy finds no usable CUDA GPU: {err}"
-    return None if count > 0 else "CuPy finds no CUDA GPU"
-
-
-def import_cupy() -> Any:
-    try:
-        from actorflow.runtime.cuda import import_cupy as imported
-    except ImportError:
-        import cupy
-
-        return cupy
-    return imported()
 
 
 def gpu_name(cp: Any) -> str:
@@ -715,7 +683,7 @@ def section(name: str, run: Callable[[], None]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    why = gpu_missing()
+    why = unavailable()
     if why is not None:
         print(f"gpu.py needs CuPy and a CUDA GPU: {why}")
         return 1

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import threading
 
-import numpy as np
-
 import graph_strategies as gs
 
 try:
@@ -70,11 +68,6 @@ def without_probes(recipe: gs.Recipe) -> gs.Recipe:
 
 def training_on_cuda(recipe: gs.TrainRecipe) -> gs.TrainRecipe:
     return dataclasses.replace(recipe, stages=tuple(cuda_device(d) for d in recipe.stages))
-
-
-def to_host(a) -> np.ndarray:
-    """A numpy array of ``a``, a numpy or a CuPy array."""
-    return a if isinstance(a, np.ndarray) else np.asarray(a.get() if hasattr(a, "get") else a)
 
 
 # --------------------------------------------------------------------------------------

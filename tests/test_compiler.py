@@ -509,23 +509,47 @@ def test_compute_first_puts_a_consumer_waiting_on_a_collective_event_last():
     assert min(a.priority for a in late) > max(a.priority for a in others)
 
 
-def test_a_consumer_given_the_collective_result_at_completion_keeps_its_place():
-    """Its input arrives once the collective is done: nothing to wait for, so compute first
-    does not move it (its place among the actors that feed no collective is the same)."""
-    on = af.compile(priority_graph(fed=True))
-    off = af.compile(priority_graph(fed=True), priority=False)
-    after = by_name(on)["after_ar"]
+def test_a_consumer_given_the_collective_result_at_completion_goes_last_too():
+    """Its input arrives once the collective is done, but a replayed stream (or a GPU
+    stream) waits in its place for it: compute first puts it after every other actor of
+    its stream, so independent compute never waits behind it."""
+    plan = af.compile(priority_graph(fed=True), fuse_kernels=False)
+    after = by_name(plan)["after_ar"]
     assert [i.sync for i in after.inputs] == ["completion"]
+    others = [a for a in plan.actors if a.stream == after.stream and a is not after]
+    assert others and all(after.priority > a.priority for a in others)
 
-    def order(plan):
-        stream = by_name(plan)["after_ar"].stream
-        return [
-            a.name
-            for a in sorted(plan.actors, key=lambda a: a.priority)
-            if a.stream == stream and a.name != "r1"
-        ]
 
-    assert order(on) == order(off)
+def test_a_replayed_data_parallel_step_runs_its_backward_pass_before_its_updates():
+    """With gradients all-reduced, each update reads a collective's result: the compute
+    stream's program runs the whole backward pass of a step, then its updates (an update
+    between backward ops held the backward pass for its all-reduce)."""
+    from actorflow.runtime.replay import schedule
+
+    rng = np.random.default_rng(0)
+    with af.Graph() as g:
+        devices = ["cpu:0", "cpu:1"]
+        x = af.placeholder("x", (8, 4), "float32", devices, af.S(0))
+        h = x
+        for k in range(3):
+            w = af.parameter(f"w{k}", rng.standard_normal((4, 4)).astype(np.float32), devices, af.B)
+            h = af.ops.tanh(af.ops.matmul(h, w))
+        loss = af.ops.reduce_mean(af.ops.mul(h, h), axis=None, keepdims=False)
+        af.minimize(loss, af.optim.SGD(lr=0.1))
+        af.output("loss", loss)
+    plan = af.compile(g, fusion=False)
+    program = schedule(plan, 0)
+    assert not isinstance(program, str), program
+    (k,) = [k for k, s in enumerate(plan.streams) if s.name == "cpu:0/compute"]
+    block, period = program.blocks[k], program.period
+    last = max(e.step for e in block)  # its acts: an entry of step t, in block (last - t) / period
+    acts = sorted(
+        ((last - e.step) // period, j, e) for j, e in enumerate(block) if (last - e.step) % period == 0
+    )
+    kinds = [e.unit.actor.kind for *_, e in acts if e.unit.actor.kind != "variable"]
+    assert "update" in kinds and "compute" in kinds
+    first_update = kinds.index("update")
+    assert set(kinds[first_update:]) == {"update"}, kinds
 
 
 def test_priority_false_turns_compute_first_off():

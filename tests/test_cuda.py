@@ -33,6 +33,7 @@ import actorflow as af
 import cuda_support as cs
 import graph_strategies as gs
 import userfns
+from actorflow.arrays import to_host
 from actorflow.config import load_config
 from actorflow.training import train
 from test_properties import SETTINGS, check_outputs, compile_random, live, tolerances
@@ -102,7 +103,7 @@ def test_random_graphs_on_cuda_compute_what_the_cpu_backend_computes(data):
         with af.Session(plan, stall_timeout=20, order=order) as s:
             got = s.run(live(plan, feeds))
             again = s.run(live(plan, feeds[::-1]))  # the same session again: nothing leaks
-            params = {name: cs.to_host(v) for name, v in s.parameters().items()}
+            params = {name: to_host(v) for name, v in s.parameters().items()}
             stats = s.register_stats()
         check_outputs(on_gpu, feeds, got)
         check_outputs(on_gpu, feeds[::-1], again)
@@ -140,7 +141,7 @@ def test_random_micro_batched_training_on_cuda_equals_the_cpu_backend(data):
         plan = af.compile(gs.build_training(r), stages=list(r.stages) if r.schedule else None, **options)
         with af.Session(plan, stall_timeout=20, order=order) as s:
             losses = [float(o["loss"]) for o in s.run(feeds)]
-            params = {name: cs.to_host(v) for name, v in s.parameters().items()}
+            params = {name: to_host(v) for name, v in s.parameters().items()}
             check_quotas(plan, s.register_stats())
         runs.append((losses, params))
     (cpu_losses, cpu_params), (losses, params) = runs
@@ -365,7 +366,7 @@ async def test_a_mixed_plan_moves_between_cpu_and_cuda_devices_through_copies(or
     async with af.Runtime(plan, order=order, stall_timeout=20) as rt:
         outs = await rt.run(feeds)
         streams = {s.name: (s.device, rt.device_stream(s.name)) for s in plan.streams}
-        params = {name: cs.to_host(v) for name, v in rt.parameters().items()}
+        params = {name: to_host(v) for name, v in rt.parameters().items()}
     np.testing.assert_array_equal(params["w"], w)
     for f, out in zip(feeds, outs):
         mid = np.tanh(np.maximum(f["x"].astype(np.float64), 0) @ w)
@@ -416,7 +417,7 @@ def test_a_shipped_config_trains_on_cuda_as_on_cpu(name):
         assert on_gpu.parameters.keys() == cpu.parameters.keys()
         for param, value in cpu.parameters.items():
             np.testing.assert_allclose(
-                cs.to_host(on_gpu.parameters[param]), value, rtol=1e-4, atol=1e-5, err_msg=param
+                to_host(on_gpu.parameters[param]), value, rtol=1e-4, atol=1e-5, err_msg=param
             )
 
 

@@ -199,7 +199,9 @@ def _assign(fn, result, out) -> None:
         raise KernelError(f"{_name(fn)} returned None, but the graph declared {declared}")
     if value.shape != out.shape:
         raise KernelError(f"{_name(fn)} returned shape {value.shape}, but the graph declared {declared}")
-    if isinstance(result, (xp.ndarray, np.generic)) or not np.can_cast(value.dtype, out.dtype, "same_kind"):
+    if isinstance(result, (np.ndarray, xp.ndarray, np.generic)) or not np.can_cast(
+        value.dtype, out.dtype, "same_kind"
+    ):
         raise KernelError(
             f"{_name(fn)} returned {value.dtype}, but the graph declared {declared}: "
             f"return {out.dtype} (say .astype(np.{out.dtype})) or declare dtype={str(value.dtype)!r}"

@@ -5,7 +5,7 @@ import functools
 import numpy as np
 
 from ..arrays import namespace
-from . import cuda_rows
+from . import cuda_habits, cuda_rows
 from .kernels import softmax
 
 
@@ -23,7 +23,9 @@ def embedding(ins, outs):
     _check_ids(ids, table.shape[0])
     if isinstance(table, np.ndarray):
         np.take(table, ids, axis=0, out=outs[0], mode="clip")
-    else:  # CuPy's take has no mode, and never buffers its output
+    elif table.dtype == np.float32 and table.ndim == 2:  # ids clipped, int32 indexes where they fit
+        cuda_habits.gather_rows(ins, outs)
+    else:  # CuPy's take has no mode: ids out of range wrap
         namespace(table).take(table, ids, axis=0, out=outs[0])
 
 
@@ -91,10 +93,12 @@ def layer_norm_grad(ins, outs, axis, eps):
 @functools.cache
 def _future(xp, s, device=None):
     """True where key j comes after query i (j > i): what row i may not see (made once
-    per array module, size and GPU)."""
+    per array module, size and GPU; on a GPU, done before other streams read it)."""
     mask = xp.triu(xp.ones((s, s), dtype=np.bool_), k=1)
     if xp is np:
         mask.flags.writeable = False
+    else:
+        xp.cuda.get_current_stream().synchronize()
     return mask
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 def sgd_update(ins, outs, lr, momentum):
     p, g = ins[0], ins[1]
-    if _on_gpu(p):
+    if _fused_update(p):
         if momentum:
             _fused("sgd_momentum")(g, lr, momentum, p, ins[2])
         else:
@@ -30,7 +30,7 @@ def sgd_update(ins, outs, lr, momentum):
 def adam_update(ins, outs, lr, beta1, beta2, eps):
     p, g, m, v, t = ins
     t += 1
-    if _on_gpu(p):
+    if _fused_update(p):
         _fused("adam")(g, t, lr, beta1, beta2, eps, p, m, v)
         return
     step = float(t)
@@ -43,7 +43,7 @@ def adam_update(ins, outs, lr, beta1, beta2, eps):
     p -= lr * m_hat / (np.sqrt(v_hat) + eps)
 
 
-def _on_gpu(p) -> bool:
+def _fused_update(p) -> bool:
     """A float32 parameter on a GPU: updated by one fused kernel (``_FUSED``); any other
     runs the numpy code, which CuPy's arrays take too."""
     return not isinstance(p, np.ndarray) and p.dtype == np.float32

@@ -260,8 +260,7 @@ class CudaStream:
     """A driver's stream (``device.Stream``) on a GPU: a launch queues the kernel on the
     CUDA stream and records an event after it (``event``); the end is reported when the
     launch returns, so successors are launched at once, waiting on that event on the GPU.
-    Kernels that raise on the host are reported as failures, like ``CpuStream``'s; a
-    traced span is the launch's time on the host."""
+    Kernels that raise on the host are reported as failures, like ``CpuStream``'s."""
 
     def __init__(self, name: str, on_done: Callable, cuda: Any, gpus: Gpus) -> None:
         self.name = name

@@ -8,16 +8,20 @@ Two seams, one per way of ordering acts:
   on an event the other stream recorded after that instruction. The host hands over a
   run (``run(steps)``) and hears only its end, failures and, for fetches and traced
   spans, the acts that asked to be heard. ``replay.Replay`` implements it with one CPU
-  thread per stream; a GPU (CUDA streams and events) or a virtual clock would be
-  classes beside it, taking the same ``replay.Program``.
+  thread per stream; on a GPU the same threads launch each instruction on its CUDA
+  stream after waiting on the events it needs (``cuda.Gpus.replayed``), and the virtual
+  clock (``virtual``) runs the same programs' acts for ``actorflow simulate``.
 - ``Stream`` (the drivers, ``driver``): takes launched kernels and runs them one after
-  another, after the events it was told to ``wait`` on; it reports each kernel's end through the ``on_done(ctx, result, start, end,
-  ok)`` it was made with, counts the kernels launched and finished, and knows the one
-  running, for the stall report. ``CpuStream`` (a stream thread of this process: the
-  thread that runs the stream's driver runs its kernels, so launching is calling and
-  the end is reported before ``launch`` returns) and the rank's communication stream
-  (``transport.CommExecutor``: sends and receives, which end later, in any order, on
-  the transport's thread) implement it.
+  another, after the events it was told to ``wait`` on; it reports each kernel's end
+  through the ``on_done(ctx, result, start, end, ok)`` it was made with, counts the
+  kernels launched and finished, and knows the one running, for the stall report.
+  ``CpuStream`` (a stream thread of this process: the thread that runs the stream's
+  driver runs its kernels, so launching is calling and the end is reported before
+  ``launch`` returns), the rank's communication stream (``transport.CommExecutor``:
+  sends and receives, which end later, in any order, on the transport's thread) and
+  ``cuda.CudaStream`` (the kernel queued on a CUDA stream, its end reported at once
+  with the ``event`` that marks it on the GPU, for other streams to wait on) implement
+  it.
 
 ``Fence`` holds streams while one kernel of another runs: with overlap off, a
 collective's compute streams stop while it runs, as if they were one stream.

@@ -107,7 +107,7 @@ class Driver:
     thread (``turn``). ``start`` starts the stream's thread; ``post`` and ``close``
     are safe from any thread; everything else runs on the stream's thread.
     ``actor_log``: None, or the ``debug.ActorLog`` told of every act attempt;
-    ``device``: makes the stream its kernels run on, given its ``on_done``, where that is
+    ``make_stream``: makes the stream its kernels run on, given its ``on_done``, where that is
     not a host thread (a GPU's: ``cuda.CudaStream``)."""
 
     def __init__(
@@ -119,13 +119,13 @@ class Driver:
         transport: Transport | None = None,
         recording: bool = False,
         actor_log: Any = None,
-        device: Callable[[OnDone], Stream] | None = None,
+        make_stream: Callable[[OnDone], Stream] | None = None,
     ) -> None:
         self.host = host
         self.name = name
         self.stream: Stream = (
-            device(self.complete)
-            if device is not None
+            make_stream(self.complete)
+            if make_stream is not None
             else CpuStream(name, self.complete, timed=recording)
             if transport is None
             else CommExecutor(name, transport, self._on_comm_done)

@@ -104,7 +104,7 @@ class Runtime:
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
         self._gpus: Gpus | None = None  # where this rank has cuda devices
-        self._on_gpu: list[tuple] = []  # traced GPU kernels of this run: (unit, number, events, acts)
+        self._gpu_timed: list[tuple] = []  # traced GPU kernels of this run: (unit, number, events, acts)
         self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
         self._replay: Programs | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
@@ -172,7 +172,7 @@ class Runtime:
         plan = self.plan
         transport = self._transport
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
-        gpus = self._gpus = Gpus(plan, self.rank) if _on_gpus(plan, self.rank) else None
+        gpus = self._gpus = Gpus(plan, self.rank) if _uses_gpus(plan, self.rank) else None
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
             if self._spans is not None:
@@ -191,9 +191,9 @@ class Runtime:
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None
-                device = None
+                make_stream = None
                 if gpus is not None and gpus.on_gpu(s.stream.id):
-                    device = functools.partial(
+                    make_stream = functools.partial(
                         CudaStream, s.stream.name, cuda=gpus.streams[s.stream.id], gpus=gpus
                     )
                 self._drivers[s.stream.id] = Driver(
@@ -204,7 +204,7 @@ class Runtime:
                     comm,
                     self.recorder.enabled,
                     self._actor_log,
-                    device,
+                    make_stream,
                 )
             for driver in self._drivers.values():
                 driver.peers = self._drivers
@@ -275,7 +275,7 @@ class Runtime:
             finally:
                 watchdog.running = False
             self.raise_if_failed()
-            if self._on_gpu:
+            if self._gpu_timed:
                 self._gpu_spans()
             if self._gpus is not None:
                 self._results = [{k: to_host(v) for k, v in r.items()} for r in self._results]
@@ -286,9 +286,9 @@ class Runtime:
         """Record the spans of this run's traced GPU kernels (``cuda.Gpus.time_kernels``)."""
         assert self._gpus is not None and self._spans is not None, "traced on a GPU"
         seconds = self._gpus.seconds
-        for unit, number, start, end, acts in self._on_gpu:
+        for unit, number, start, end, acts in self._gpu_timed:
             self._spans.record(self.recorder, unit, number, seconds(start), seconds(end), acts)
-        self._on_gpu.clear()
+        self._gpu_timed.clear()
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
 
@@ -307,7 +307,7 @@ class Runtime:
         if self._spans is not None:  # tracing
             gpus = self._gpus
             if gpus is not None and unit.stream in gpus.streams:  # timed on the GPU, read at the end
-                self._on_gpu.append((unit, number, *gpus.timing[unit.stream], acts))
+                self._gpu_timed.append((unit, number, *gpus.timing[unit.stream], acts))
             else:
                 self._spans.record(self.recorder, unit, number, start, end, acts)
 
@@ -504,7 +504,7 @@ def register_stats(
     return stats
 
 
-def _on_gpus(plan: Plan, rank: int) -> bool:
+def _uses_gpus(plan: Plan, rank: int) -> bool:
     """Whether ``rank`` runs anything of ``plan`` on a cuda device."""
     return any(is_cuda(a.device) for a in plan.actors if plan.rank_of(a.device) == rank)
 

@@ -19,7 +19,7 @@ import numpy as np
 from ..collector import cyclic_gc_paused
 from ..devices import is_cuda
 from ..plan import Actor, Collective, Input, Plan, Register, Stream
-from .cuda import cuda_stream
+from .cuda import Gpus, cuda_stream
 from .protocol import Act, ActorProtocol
 
 HOSTED_MOVE_BYTES = 1 << 18  # copied in about the time it takes to wake a thread
@@ -177,7 +177,11 @@ Across = Callable[[Collective], Callable]
 
 @cyclic_gc_paused()
 def wire(
-    plan: Plan, rank: int | None, across: Across | None = None, allocate: bool = True, gpus: Any = None
+    plan: Plan,
+    rank: int | None,
+    across: Across | None = None,
+    allocate: bool = True,
+    gpus: Gpus | None = None,
 ) -> Wiring:
     """Everything ``rank`` runs of ``plan``, wired (see the module's docstring).
     ``allocate=False``: no buffers, only their places (None), for a simulated run;
@@ -214,8 +218,7 @@ def wire(
             assert across is not None, "a collective spans ranks only in a run over several"
             unit.kernel = across(coll)
         if coll.seconds > 0:  # an emulated link: on a GPU, its time is spent on the GPU
-            on_gpu = gpus is not None and gpus.on_gpu(unit.stream)
-            lasting = gpus.link if on_gpu else _lasting
+            lasting = gpus.link if gpus is not None and gpus.on_gpu(unit.stream) else _lasting
             unit.kernel = functools.partial(lasting, unit.kernel, coll.seconds)
         if not plan.overlap:
             devices = dict.fromkeys(plan.actors[a].device for a in coll.actors)
@@ -266,7 +269,9 @@ def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
     return order
 
 
-def _allocate(plan: Plan, rank: int | None, local: list[Actor], allocate: bool, gpus: Any) -> list[list[Any]]:
+def _allocate(
+    plan: Plan, rank: int | None, local: list[Actor], allocate: bool, gpus: Gpus | None
+) -> list[list[Any]]:
     """Every register buffer this rank holds or reads, allocated once, on its device: its
     quota of buffers, or a parameter's one, holding its initial value."""
     held = {r.id for r in plan.registers if rank in (None, plan.rank_of(r.device))}
@@ -358,8 +363,9 @@ def _host_moves(plan: Plan, units: list[Unit]) -> None:
     of that stream's other work (they are quick, and another stream waits for them).
     A hand-off between two devices is then one message, from the producer's thread to
     the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where
-    they overlap compute. A move between the host and a GPU keeps its stream too, the
-    GPU's, which orders the copy among that GPU's work."""
+    they overlap compute. A move between the host and a GPU keeps its own stream too (its
+    destination device's copy stream), so a GPU's copy is ordered among that GPU's work
+    and a host's copy waits for the GPU on the host."""
     host: dict[int, int] = {}  # unit id -> the stream whose thread runs it
 
     def stream_of(unit: Unit) -> int:
