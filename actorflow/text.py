@@ -1,5 +1,5 @@
-"""Text for people: counted nouns, and rows of cells as aligned columns (reports and
-benchmarks print them)."""
+"""Text for people: counted nouns, sizes in bytes, and rows of cells as aligned columns
+(reports, errors and benchmarks print them)."""
 
 from __future__ import annotations
 
@@ -15,3 +15,13 @@ def columns(rows: Sequence[Sequence[str]]) -> list[str]:
     """One line per row, each cell left-aligned to its column's widest cell, two spaces apart."""
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes for people: 1536 -> '1.5 KiB'."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.1f} {unit}"

@@ -555,3 +555,21 @@ async def test_with_overlap_off_a_collective_never_runs_beside_compute_on_the_gp
     together = [(c, k) for c in collective for k in compute if c.start < k.end and k.start < c.end]
     assert len(collective) == len(compute) == 3
     assert bool(together) is overlap
+
+
+def test_a_plan_too_large_for_the_gpu_is_a_device_error_before_anything_is_allocated():
+    """Compiling checks each device against the host's memory; opening checks the cuda
+    devices' registers together against the GPU's free memory (``fits_gpu``, run on the
+    CPU here with the GPU's figures given)."""
+    from actorflow.errors import DeviceError
+    from actorflow.runtime.cuda import fits_gpu
+
+    with af.Graph() as g:
+        x = af.placeholder("x", (256, 1024), "float32", "cuda:0")
+        af.output("y", af.ops.relu(af.ops.to_device(af.ops.tanh(x), "cuda:1")))
+    plan = af.compile(g)
+    devices = ["cuda:0", "cuda:1"]
+    planned = sum(plan.memory[d] for d in devices)
+    fits_gpu(plan, devices, free=planned, total=2 * planned)
+    with pytest.raises(DeviceError, match=r"cuda:0, cuda:1 take .* MiB .* free of .*: lower the quotas"):
+        fits_gpu(plan, devices, free=planned - 1, total=2 * planned)

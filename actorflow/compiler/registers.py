@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from ..errors import CompileError
 from ..plan import Plan
 from ..records import evolve
-from .resources import size_text
+from ..text import size_text
 
 
 def wish_quotas(plan: Plan, wishes: Mapping[str, int]) -> Plan:

@@ -27,13 +27,3 @@ def available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def size_text(nbytes: float) -> str:
-    """Bytes for people: 1536 -> '1.5 KiB'."""
-    value = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            break
-        value /= 1024
-    return f"{value:.1f} {unit}"

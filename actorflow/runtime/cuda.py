@@ -39,6 +39,7 @@ import numpy as np
 from ..devices import is_cuda
 from ..errors import DeviceError
 from ..plan import Plan, Register, Stream
+from ..text import size_text
 
 EXTRA = "pip install 'actorflow[cuda]' (CuPy for CUDA 13; for CUDA 12: pip install cupy-cuda12x)"
 
@@ -89,6 +90,19 @@ def cuda_stream(plan: Plan, stream: Stream) -> bool:
     return is_cuda(stream.device)
 
 
+def fits_gpu(plan: Plan, devices: list[str], free: int, total: int) -> None:
+    """A DeviceError unless the registers of ``devices`` (sharing one GPU) fit its ``free``
+    memory: compiling checked each device against the host's memory (``max_memory``), not
+    against the GPU it will run on."""
+    planned = sum(plan.memory.get(d, 0) for d in devices)
+    if planned > free:
+        raise DeviceError(
+            f"the plan's registers on {', '.join(devices)} take {size_text(planned)} ({planned} bytes); "
+            f"the GPU has {size_text(free)} free of {size_text(total)}: lower the quotas or the batch, "
+            "or compile with max_memory set to the GPU's"
+        )
+
+
 class Gpus:
     """This rank's GPU, as ``plan`` uses it: a CUDA stream per cuda plan stream
     (``streams``, by plan stream id), and the registers' memory."""
@@ -110,6 +124,7 @@ class Gpus:
                 RuntimeWarning,
                 stacklevel=3,
             )
+        fits_gpu(plan, devices, *cp.cuda.runtime.memGetInfo())
         for coll in plan.collectives:
             group = {plan.actors[a].device for a in coll.actors}
             if any(is_cuda(d) for d in group) and not all(is_cuda(d) for d in group):
