@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
-from .errors import CheckpointError, CompileError, ConfigError
+from .errors import CheckpointError, CompileError, ConfigError, DeviceError
 from .trace.cli import add_commands as add_trace_commands
 
 
@@ -396,7 +396,7 @@ def _run(config, args) -> int:
 
     try:
         result = train(config, on_step, paths["trace"], args.resume)
-    except (CheckpointError, CompileError, ConfigError) as err:
+    except (CheckpointError, CompileError, ConfigError, DeviceError) as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

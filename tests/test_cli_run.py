@@ -165,6 +165,21 @@ def test_quiet_prints_no_per_step_loss(capsys, tiny):
     assert "samples/s" in out
 
 
+def test_a_run_on_cuda_devices_without_cupy_or_a_gpu_exits_2_naming_the_extra(capsys, tiny):
+    from actorflow.runtime.cuda import unavailable
+
+    if unavailable() is None:
+        pytest.skip("CUDA is usable here")
+    code, out, err = run_cli(
+        capsys, "run", str(tiny), "--steps", "2", "--quiet", "--set", "parallel.stages=[cuda:0, cuda:1]"
+    )
+    assert code == 2
+    assert (
+        err.startswith("actorflow run: error: cuda: devices need CuPy and a GPU") and "actorflow[cuda]" in err
+    )
+    assert "Traceback" not in err
+
+
 # -- compile --------------------------------------------------------------------------
 
 
