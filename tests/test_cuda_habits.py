@@ -377,8 +377,14 @@ def test_the_pass_makes_each_element_wise_chain_and_actor_one_kernel_writing_wha
     assert chains
     assert cuda_chains(plan) == plan  # on cpu devices: nothing to do
     fused = cuda_chains(plan, on=lambda device: True)
-    alone = [a for a in plan.actors if a.kind == "compute" and habits.element_wise(a.kernel)]
-    assert alone  # an element-wise actor alone is a chain of one part
+    alone = [
+        a
+        for a in plan.actors
+        if a.kind == "compute" and habits.element_wise(a.kernel) and a.kernel not in habits.ONE_PASS
+    ]
+    assert alone  # an element-wise actor alone is a chain of one part, where it saves passes
+    one_pass = [a for a in plan.actors if a.kind == "compute" and a.kernel in habits.ONE_PASS]
+    assert one_pass and all(fused.actors[a.id].kernel is a.kernel for a in one_pass)
     assert {a.name for a in fused_actors(fused)} == {a.name for a in chains + alone}
     for actor in fused_actors(fused):
         code = habits.chain_code(actor.attrs["parts"], actor.attrs["written"])

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
 from ..ops.chain import Part, chain
-from ..ops.cuda_habits import chain_code, element_wise, fits_one_kernel, fused_chain
+from ..ops.cuda_habits import chain_code, element_wise, fits_one_kernel, fused_chain, worth_one_kernel
 from ..plan import Actor, Input, Plan, Register
 from ..records import evolve
 from .registers import wish_quotas
@@ -160,7 +160,8 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
     written, where the plain ``chain`` launches a kernel per part, each writing its
     register. An element-wise actor alone is a chain of one part, so a gelu's eight
     passes are one too; in a chain with other parts (a matmul), each run of element-wise
-    parts becomes one such part (a bias add and the gelu after it). Registers that don't
+    parts becomes one such part (a bias add and the gelu after it). A lone op CuPy runs
+    in one pass anyway (an add) stays as it is (``worth_one_kernel``). Registers that don't
     fit one kernel (not float32, an output smaller than an input) keep their parts."""
     actors = list(plan.actors)
     regs = plan.registers
@@ -170,6 +171,8 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
         ins = [regs[i.register] for i in actor.inputs if not regs[i.register].control]
         outs = [regs[o] for o in actor.outputs if not regs[o].control]
         parts = actor.attrs["parts"] if actor.kernel is chain else (_alone(plan, actor, len(ins)),)
+        if not worth_one_kernel(parts):
+            continue
         code = chain_code(parts, [k for k, r in enumerate(outs) if r.consumers])
         if code is not None and fits_one_kernel(
             code, [(r.shape, r.dtype) for r in ins], [(r.shape, r.dtype) for r in outs]
@@ -195,7 +198,7 @@ def _fused_runs(parts: Sequence[Part], ins: list[Register], outs: list[Register]
         while end < len(parts) and element_wise(parts[end][0]):
             end += 1
         run = parts[k:end]
-        part = _one_part(run, parts[end:], ins, outs) if run else None
+        part = _one_part(run, parts[end:], ins, outs) if run and worth_one_kernel(run) else None
         result.extend(run if part is None else [part])
         if not run:
             result.append(parts[k])

@@ -274,6 +274,30 @@ def fused_chain_kernel(parts: Sequence[Part], written: Collection[int] | None = 
     return None if code is None else partial(fused_chain, parts=parts, written=code.outputs)
 
 
+ONE_PASS: tuple[Callable, ...] = (
+    kernels.add,
+    kernels.sub,
+    kernels.mul,
+    kernels.div,
+    kernels.relu,
+    kernels.tanh,
+    kernels.exp,
+    kernels.log,
+    gradient_kernels.equal_mask,
+    gradient_kernels.broadcast_to,
+    gradient_kernels.scale,
+)
+"""Element-wise kernels that CuPy already runs as one kernel, one pass over memory: one
+alone gains nothing from a generated kernel, whose launch costs the host more."""
+
+
+def worth_one_kernel(parts: Sequence[Part]) -> bool:
+    """Whether ``parts`` (element-wise) save passes as one generated kernel: several
+    parts, or one that CuPy runs as several kernels (gelu's eight, a gradient's two or
+    three, an accumulate's)."""
+    return len(parts) > 1 or parts[0][0] not in ONE_PASS
+
+
 def element_wise(kernel: Callable) -> bool:
     """Whether ``kernel`` is one ``chain_code`` writes code for (by identity: another
     function of the same name is not)."""
