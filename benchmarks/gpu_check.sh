@@ -2,7 +2,8 @@
 # Issue #26's check on a fresh GPU machine, run from the repository root:
 #   bash benchmarks/gpu_check.sh
 # installs the wheels carried in .whl/ (trio, outcome, sniffio, cattrs, pytest-trio: the
-# GPU machines have CuPy, NCCL, PyTorch and pytest but not these), prints the GPUs and
+# GPU machines have CuPy, NCCL, PyTorch and pytest but not these; benchmarks/gpu_wheels.sh
+# downloads them where there is a network), prints the GPUs and
 # the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py and
 # benchmarks/gpu_configs.py, each even when an earlier step failed. Everything printed is
 # also written to $OUT (default /tmp/out) as gpu_check.log, beside gpu.py's Chrome
