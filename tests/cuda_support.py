@@ -8,7 +8,6 @@ where the tests that need a GPU skip with ``UNAVAILABLE`` as their reason.
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import graph_strategies as gs
 
@@ -89,13 +88,11 @@ class Seen:
 
 N_RECORDERS = 6
 SEEN: list[list[Seen]] = [[] for _ in range(N_RECORDERS)]
-_seen_lock = threading.Lock()
 
 
 def reset_seen() -> None:
-    with _seen_lock:
-        for calls in SEEN:
-            calls.clear()
+    for calls in SEEN:
+        calls.clear()
 
 
 def _seen(a) -> Seen:
@@ -107,21 +104,7 @@ def _seen(a) -> Seen:
     return Seen(cupy.cuda.get_current_stream().ptr, cupy.cuda.Device().id, module, a.device.id, a.data.ptr)
 
 
-def _make_recorder(k: int):
-    def record(a):
-        seen = _seen(a)
-        with _seen_lock:
-            SEEN[k].append(seen)
-        return a
-
-    record.__name__ = record.__qualname__ = f"record{k}"
-    record.__module__ = __name__
-    return record
-
-
-for _k in range(N_RECORDERS):
-    globals()[f"record{_k}"] = _make_recorder(_k)
-RECORDERS = [globals()[f"record{k}"] for k in range(N_RECORDERS)]
+RECORDERS = gs.recording_functions(globals(), "record", _seen, SEEN)
 
 
 def _burn() -> None:

@@ -42,19 +42,30 @@ N_PROBES = 8
 PROBE_RECORDS: list[list[tuple[str, int]]] = [[] for _ in range(N_PROBES)]
 
 
-def _make_probe(k: int):
-    def probe(a):
-        PROBE_RECORDS[k].append((threading.current_thread().name, a.__array_interface__["data"][0]))
-        return a
+def recording_functions(namespace: dict, name: str, note, records: list[list]) -> list:
+    """One identity function per list of ``records``, ``name0``, ``name1``, ..., each
+    appending ``note(its input)`` to its list; put in ``namespace`` (a module's globals:
+    a Plan names a kernel function by its import path)."""
 
-    probe.__name__ = probe.__qualname__ = f"probe{k}"
-    probe.__module__ = __name__
-    return probe
+    def make(k: int):
+        def record(a):
+            records[k].append(note(a))
+            return a
+
+        record.__name__ = record.__qualname__ = f"{name}{k}"
+        record.__module__ = namespace["__name__"]
+        namespace[record.__name__] = record
+        return record
+
+    return [make(k) for k in range(len(records))]
 
 
-for _k in range(N_PROBES):
-    globals()[f"probe{_k}"] = _make_probe(_k)
-PROBES = [globals()[f"probe{k}"] for k in range(N_PROBES)]
+PROBES = recording_functions(
+    globals(),
+    "probe",
+    lambda a: (threading.current_thread().name, a.__array_interface__["data"][0]),
+    PROBE_RECORDS,
+)
 
 
 def reset_probes() -> None:
