@@ -107,10 +107,15 @@ class Gpus:
     """This rank's GPU, as ``plan`` uses it: a CUDA stream per cuda plan stream
     (``streams``, by plan stream id), and the registers' memory."""
 
-    def __init__(self, plan: Plan, rank: int) -> None:
+    @classmethod
+    def of(cls, plan: Plan, rank: int) -> Gpus | None:
+        """The GPU ``rank`` runs ``plan``'s cuda devices on, or None where it has none."""
         devices = sorted(
             {a.device for a in plan.actors if plan.rank_of(a.device) == rank and is_cuda(a.device)}
         )
+        return cls(plan, rank, devices) if devices else None
+
+    def __init__(self, plan: Plan, rank: int, devices: list[str]) -> None:
         self.cupy = cp = import_cupy()
         if plan.world > 1:
             raise DeviceError(

@@ -34,7 +34,6 @@ import trio
 
 from ..arrays import copy_into, to_host
 from ..debug_flags import debug_flags
-from ..devices import is_cuda
 from ..errors import KernelError, RankError
 from ..plan import Parameter, Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
@@ -172,7 +171,7 @@ class Runtime:
         plan = self.plan
         transport = self._transport
         across = None if transport is None else functools.partial(across_ranks, plan, self.rank, transport)
-        gpus = self._gpus = Gpus(plan, self.rank) if _uses_gpus(plan, self.rank) else None
+        gpus = self._gpus = Gpus.of(plan, self.rank)
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
             if self._spans is not None:
@@ -306,7 +305,7 @@ class Runtime:
             self._results[last_micro_batch(number, actor.every) - self._base][unit.fetch] = result
         if self._spans is not None:  # tracing
             gpus = self._gpus
-            if gpus is not None and unit.stream in gpus.streams:  # timed on the GPU, read at the end
+            if gpus is not None and gpus.on_gpu(unit.stream):  # timed on the GPU, read at the end
                 self._gpu_timed.append((unit, number, *gpus.timing[unit.stream], acts))
             else:
                 self._spans.record(self.recorder, unit, number, start, end, acts)
@@ -502,11 +501,6 @@ def register_stats(
             held = peaks.get((member.actor.id, k), 0) if peaks is not None else member.state.max_held[k]
             stats[reg.name] = {"quota": reg.quota, "max_held": held}
     return stats
-
-
-def _uses_gpus(plan: Plan, rank: int) -> bool:
-    """Whether ``rank`` runs anything of ``plan`` on a cuda device."""
-    return any(is_cuda(a.device) for a in plan.actors if plan.rank_of(a.device) == rank)
 
 
 def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:
