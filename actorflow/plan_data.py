@@ -295,6 +295,10 @@ class PlanData:
             return int(device[4:])
         return self.ranks.get(device, 0)
 
+    def parameters_of(self, rank: int) -> list[Parameter]:
+        """The parameters (and optimizer state) ``rank`` holds: those of its devices."""
+        return [p for p in self.parameters if self.rank_of(self.registers[p.register].device) == rank]
+
     def period(self, actor: Actor, register: int) -> int:
         """Every how many acts ``actor`` hands its output ``register`` on: 1, or m where
         once-per-step actors read what it makes once per micro-batch (an accumulate)."""

@@ -35,7 +35,7 @@ import trio
 from ..arrays import copy_into, to_host
 from ..debug_flags import debug_flags
 from ..errors import KernelError, RankError
-from ..plan import Parameter, Plan
+from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from ..world import LOST_AFTER
 from .blas import single_threaded_blas
@@ -428,7 +428,9 @@ class Runtime:
         devices' parameters (a logical one only where this rank holds all its parts)."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        values = {p.name: to_host(buffers[p.register][0]) for p in self._held() if not p.state}
+        values = {
+            p.name: to_host(buffers[p.register][0]) for p in self.plan.parameters_of(self.rank) if not p.state
+        }
         return assemble(self.plan.logical, "parameter", values)
 
     def values(self) -> dict[str, np.ndarray]:
@@ -436,7 +438,7 @@ class Runtime:
         ``w0[cpu:1]``, ``w0[cpu:1].momentum``), copies: all a run keeps across steps."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        return {p.name: to_host(buffers[p.register][0]) for p in self._held()}
+        return {p.name: to_host(buffers[p.register][0]) for p in self.plan.parameters_of(self.rank)}
 
     def load(self, values: dict[str, np.ndarray]) -> None:
         """Set this rank's parameters and optimizer state to ``values`` (as ``values``
@@ -446,7 +448,7 @@ class Runtime:
         assert self._wiring is not None, "an open Runtime is wired"
         if self._lock.locked():
             raise RuntimeError("load runs between runs, not during one")
-        held = {p.name: self._wiring.buffers[p.register][0] for p in self._held()}
+        held = {p.name: self._wiring.buffers[p.register][0] for p in self.plan.parameters_of(self.rank)}
         if values.keys() != held.keys():
             differ = sorted(values.keys() ^ held.keys())[0]
             whose = "the plan" if differ in held else "the values"
@@ -462,10 +464,6 @@ class Runtime:
             copy_into(buffer, values[name])
         if self._gpus is not None:
             self._gpus.synchronize()
-
-    def _held(self) -> list[Parameter]:
-        plan = self.plan
-        return [p for p in plan.parameters if plan.rank_of(plan.registers[p.register].device) == self.rank]
 
     def device_stream(self, name: str) -> Any:
         """The CUDA stream (a ``cupy.cuda.Stream``) that plan stream ``name`` runs on, or

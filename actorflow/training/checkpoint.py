@@ -218,8 +218,7 @@ def arrays(plan: Plan, rank: int) -> dict[str, list]:
             np.dtype(registers[p.register].dtype).name,
             list(p.value.shape),
         ]
-        for p in plan.parameters
-        if plan.rank_of(registers[p.register].device) == rank
+        for p in plan.parameters_of(rank)
     }
 
 

@@ -47,8 +47,7 @@ def build_graph(config: Config, values: bool = True) -> Graph:
     sbp = S(0) if config.parallel.data_parallel > 1 else None
     params = initial_parameters(config, values)
     served = parameter_server.placement(config, params)
-    ps = config.parallel.parameter_server
-    pulls: list[parameter_server.Pull] | None = [] if ps is not None and ps.mode == "async" else None
+    pulls: list[parameter_server.Pull] | None = [] if parameter_server.is_async(config) else None
     activation = ACTIVATIONS[config.model.activation]
     rows, dtype = config.micro_batch_size, config.model.dtype
     # With data parallelism the tensors are GlobalTensors, which ops take through

@@ -115,10 +115,16 @@ def minimize_async(config: Config, loss: Tensor | GlobalTensor, pulls: Sequence[
         update_as_arriving(chosen, p.param, [next(grads) for _ in p.snapshots], p.clock, p.versions)
 
 
+def is_async(config: Config) -> bool:
+    """Whether the run has parameter servers in async mode."""
+    ps = config.parallel.parameter_server
+    return ps is not None and ps.mode == "async"
+
+
 def quotas(config: Config, graph: Graph) -> dict[str, int]:
     """Staleness + 1 buffers for each async pull's version (none in sync mode)."""
     ps = config.parallel.parameter_server
-    if ps is None or ps.mode != "async":
+    if ps is None or not is_async(config):
         return {}
     return {n.outputs[1].name: ps.staleness + 1 for n in graph.nodes if n.op == "snapshot"}
 
@@ -127,8 +133,8 @@ def run_end(config: Config, step: int) -> int:
     """The step a ``Session.run`` from ``step`` goes up to: the next in sync mode and
     without parameter servers (as before), up to ``STEPS_PER_RUN`` in async mode, never
     past a checkpoint's step."""
-    ps, steps = config.parallel.parameter_server, config.train.steps
-    if ps is None or ps.mode != "async":
+    steps = config.train.steps
+    if not is_async(config):
         return step + 1
     keep = config.output.checkpoint
     every = keep.every if keep else steps

@@ -193,7 +193,9 @@ def train(
         stats = session.register_stats()
         ordered_by = session.ordered_by
         parameters = session.parameters()
-        counted = parameter_server.staleness(session.values())
+        counted = (
+            parameter_server.staleness(session.values()) if parameter_server.is_async(config) else (0, 0, 0)
+        )
         if trace is not None:
             write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
     if plan.world > 1:
