@@ -94,12 +94,10 @@ def _gelu_grad(v: str, dy: str, x: str) -> list[str]:
     ]
 
 
-SUPPORTED: tuple[str, ...] = (
-    *(f.__name__ for f in _EXPRESSIONS),
-    "scale",
-    "gelu_grad",
-    "accumulate",
-)
+_OTHERS = (gradient_kernels.gelu_grad, gradient_kernels.scale, accumulate)
+"""The parts ``_part`` writes code for beside ``_EXPRESSIONS``' one-line ones."""
+
+SUPPORTED: tuple[str, ...] = tuple(f.__name__ for f in (*_EXPRESSIONS, *_OTHERS))
 """The kernels a chain fused into one CUDA kernel may have as parts (float32 only)."""
 
 
@@ -301,11 +299,7 @@ def worth_one_kernel(parts: Sequence[Part]) -> bool:
 def element_wise(kernel: Callable) -> bool:
     """Whether ``kernel`` is one ``chain_code`` writes code for (by identity: another
     function of the same name is not)."""
-    return kernel in _EXPRESSIONS or kernel in (
-        gradient_kernels.gelu_grad,
-        gradient_kernels.scale,
-        accumulate,
-    )
+    return kernel in _EXPRESSIONS or kernel in _OTHERS
 
 
 # -- 2. relu's mask as bits -------------------------------------------------------------
@@ -482,8 +476,9 @@ def gather_rows(ins: list, outs: list, index: str | None = None) -> None:
         (table, "float32", table.size),
         (out, "float32", out.size),
     )
-    index = index or index_type(out.size, table.size)
-    if index == "int" and index_type(out.size, table.size) != "int":
+    fits = index_type(out.size, table.size)
+    index = index or fits
+    if index == "int" and fits != "int":
         raise ValueError(f"{out.size} or {table.size} elements do not fit int32 indexes")
     if out.size == 0:
         return

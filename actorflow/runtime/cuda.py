@@ -40,6 +40,7 @@ from ..devices import is_cuda
 from ..errors import DeviceError
 from ..plan import Plan, Register, Stream
 from ..text import size_text
+from .device import CpuStream
 
 EXTRA = "pip install 'actorflow[cuda]' (CuPy for CUDA 13; for CUDA 12: pip install cupy-cuda12x)"
 
@@ -82,7 +83,7 @@ def import_cupy() -> Any:
     return importlib.import_module("cupy")
 
 
-def cuda_stream(plan: Plan, stream: Stream) -> bool:
+def cuda_stream(stream: Stream) -> bool:
     """Whether ``stream`` runs on a GPU: a cuda device's, or a collective stream of a group
     of cuda devices (a group mixing host and GPU devices is refused by ``Gpus``)."""
     if stream.kind == "collective":
@@ -144,10 +145,10 @@ class Gpus:
                 non_blocking=True, priority=HIGHEST_PRIORITY if s.kind == "collective" else 0
             )
             for s in plan.streams
-            if s.rank == rank and cuda_stream(plan, s)
+            if s.rank == rank and cuda_stream(s)
         }
         self.timing: dict[int, tuple[Any, Any]] = {}
-        """Traced (``time_kernels``): per plan stream, the timing events around its last kernel."""
+        """Traced (``prepare``): per plan stream, the timing events around its last kernel."""
         self._mark: tuple[Any, float] | None = None
         self._spin: Any = None
 
@@ -156,11 +157,25 @@ class Gpus:
         values (queued on the default stream, which the plan's streams don't wait for)."""
         self.cupy.cuda.Device().synchronize()
 
-    def time_kernels(self, units: list) -> None:
-        """Traced: each kernel on a GPU stream between two timing events (``timing``)."""
+    def prepare(self, plan: Plan, units: list, traced: bool) -> None:
+        """Before the first run: each unit on a GPU stream timed when ``traced`` (between
+        two timing events, ``timing``), each feed staged (``Staged``), and the registers'
+        allocation done."""
         for unit in units:
-            if unit.stream in self.streams:
+            if unit.stream not in self.streams:
+                continue
+            if traced:
                 unit.kernel = functools.partial(self._timed, unit.kernel, unit.stream)
+            if unit.feed is not None:
+                unit.kernel = Staged(unit.kernel, self, plan.registers[unit.actor.outputs[0]])
+        self.synchronize()
+
+    def make_stream(self, stream: Stream) -> Callable[[Callable], CudaStream] | None:
+        """What makes a driver's stream for plan stream ``stream`` (given its ``on_done``),
+        or None for a host stream."""
+        if stream.id not in self.streams:
+            return None
+        return functools.partial(CudaStream, stream.name, cuda=self.streams[stream.id], gpus=self)
 
     def _timed(self, kernel: Callable, stream: int, ins: list, outs: list) -> Any:
         cuda = self.streams[stream]
@@ -195,13 +210,6 @@ class Gpus:
         self._spin((1,), (1,), (np.int64(round(seconds * 1e9)),))
         return kernel(ins, outs)
 
-    def stage_feeds(self, plan: Plan, units: list) -> None:
-        """Give every feed that runs on a GPU stream pinned buffers (``Staged``)."""
-        for unit in units:
-            if unit.feed is not None and unit.stream in self.streams:
-                register = plan.registers[unit.actor.outputs[0]]
-                unit.kernel = Staged(unit.kernel, self, register)
-
     def on_gpu(self, stream: int) -> bool:
         return stream in self.streams
 
@@ -214,15 +222,22 @@ class Gpus:
     def array(self, register: Register, value: np.ndarray) -> Any:
         return self.cupy.array(np.asarray(value, dtype=register.dtype))
 
+    def use(self, stream: int) -> None:
+        """Make plan stream ``stream``'s CUDA stream current for the calling thread (CuPy's
+        current stream is per thread): the thread that replays it, once, so that every
+        kernel it launches is queued there."""
+        if stream in self.streams:
+            self.streams[stream].use()
+
     def replayed(self, kernel: Callable, stream: int, waits: list, record: Any) -> Callable:
-        """A replayed instruction's kernel on plan stream ``stream``: after the events
-        ``waits`` (of the GPU streams it waits on), with the stream's CUDA stream current,
-        then recording ``record`` (where another stream waits on it). On a host stream
-        the waits are the host's."""
+        """A replayed instruction's kernel on plan stream ``stream`` (whose CUDA stream its
+        thread made current, ``use``): after the events ``waits`` (of the GPU streams it
+        waits on), then recording ``record`` (where another stream waits on it). On a host
+        stream the waits are the host's."""
+        if not waits and record is None:
+            return kernel
         cuda = self.streams.get(stream)
         if cuda is None:
-            if not waits:
-                return kernel
 
             def on_host(ins: list, outs: list) -> Any:
                 for event in waits:
@@ -234,8 +249,7 @@ class Gpus:
         def on_gpu(ins: list, outs: list) -> Any:
             for event in waits:
                 cuda.wait_event(event)
-            with cuda:
-                result = kernel(ins, outs)
+            result = kernel(ins, outs)
             if record is not None:
                 record.record(cuda)
             return result
@@ -276,36 +290,27 @@ class Staged:
         return result
 
 
-class CudaStream:
+class CudaStream(CpuStream):
     """A driver's stream (``device.Stream``) on a GPU: a launch queues the kernel on the
     CUDA stream and records an event after it (``event``); the end is reported when the
     launch returns, so successors are launched at once, waiting on that event on the GPU.
-    Kernels that raise on the host are reported as failures, like ``CpuStream``'s."""
+    Kernels that raise on the host are reported as failures, as ``CpuStream``'s are; a
+    traced span's times are the CUDA events' (``Gpus.prepare``), not the host's."""
 
     def __init__(self, name: str, on_done: Callable, cuda: Any, gpus: Gpus) -> None:
-        self.name = name
-        self._on_done = on_done
+        super().__init__(name, on_done, timed=False)
         self.cuda = cuda
         self._gpus = gpus
-        self.submitted = 0
-        self.done = 0
-        self.running: Any = None
-        self.event: Any = None
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
-        self.submitted += 1
-        self.running = ctx
-        start = time.perf_counter()
-        try:
-            with self.cuda:
-                result, ok = kernel(ins, outs), True
-            self.event = self._gpus.event()
-            self.event.record(self.cuda)
-        except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
-            result, ok = exc, False
-        self.running = None
-        self.done = self.submitted
-        self._on_done(ctx, result, start, time.perf_counter(), ok)
+        with self.cuda:
+            super().launch(functools.partial(self._recorded, kernel), ins, outs, ctx)
+
+    def _recorded(self, kernel: Callable, ins: list, outs: list) -> Any:
+        result = kernel(ins, outs)
+        self.event = self._gpus.event()
+        self.event.record(self.cuda)
+        return result
 
     def wait(self, event: Any) -> None:
         """Later launches wait on the GPU for ``event``."""

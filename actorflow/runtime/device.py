@@ -100,7 +100,7 @@ class CpuStream:
         self.submitted = 0
         self.done = 0
         self.running: Any = None
-        self.event = None
+        self.event: Any = None
 
     def launch(self, kernel: Callable, ins: list, outs: list, ctx: Any) -> None:
         """Run the kernel now, on this (the stream's) thread, and report its end."""

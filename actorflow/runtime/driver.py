@@ -124,9 +124,9 @@ class Driver:
         self.host = host
         self.name = name
         self.stream: Stream = (
-            make_stream(self.complete)
+            make_stream(self._complete)
             if make_stream is not None
-            else CpuStream(name, self.complete, timed=recording)
+            else CpuStream(name, self._complete, timed=recording)
             if transport is None
             else CommExecutor(name, transport, self._on_comm_done)
         )
@@ -210,7 +210,7 @@ class Driver:
             if member.state.on_free(message.out, message.buffer):
                 self.queue.dirty(member.unit)
         elif type(message) is Done:
-            self.complete(*message)
+            self._complete(*message)
         elif type(message) is Start:
             for unit in self.units:
                 for m in unit.members:
@@ -270,7 +270,7 @@ class Driver:
     peers: dict[int, Driver]
     """Every driver of this rank, by plan stream id: set by the runtime."""
 
-    def complete(self, ctx: tuple[Unit, list[Act]], result: Any, start: float, end: float, ok: bool) -> None:
+    def _complete(self, ctx: tuple[Unit, list[Act]], result: Any, start: float, end: float, ok: bool) -> None:
         unit, acts = ctx
         number = acts[0].number
         if not ok:

@@ -354,6 +354,8 @@ class ReplayStream:
 
     def _serve(self) -> None:
         replay = self.replay
+        if replay.gpus is not None:
+            replay.gpus.use(self.plan_stream)
         while (run := self.commands.get()) is not None and not replay.closed:
             self.current = run
             try:

@@ -40,7 +40,7 @@ from ..trace.recorder import TRACE_LIMIT, Recorder
 from ..world import LOST_AFTER
 from .blas import single_threaded_blas
 from .collectives import across_ranks, channel_of, ranks_of
-from .cuda import CudaStream, Gpus
+from .cuda import Gpus
 from .debug import ActorLog
 from .device import Programs
 from .driver import Driver, Start
@@ -174,10 +174,7 @@ class Runtime:
         gpus = self._gpus = Gpus.of(plan, self.rank)
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
-            if self._spans is not None:
-                gpus.time_kernels(wiring.units)
-            gpus.stage_feeds(plan, wiring.units)
-            gpus.synchronize()
+            gpus.prepare(plan, wiring.units, traced=self._spans is not None)
         if self.order == "dynamic":
             program: Program | str = "order='dynamic' was asked for"
         elif self._actor_log is not None:
@@ -190,11 +187,7 @@ class Runtime:
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None
-                make_stream = None
-                if gpus is not None and gpus.on_gpu(s.stream.id):
-                    make_stream = functools.partial(
-                        CudaStream, s.stream.name, cuda=gpus.streams[s.stream.id], gpus=gpus
-                    )
+                make_stream = gpus.make_stream(s.stream) if gpus is not None else None
                 self._drivers[s.stream.id] = Driver(
                     self,
                     s.stream.name,
@@ -276,13 +269,11 @@ class Runtime:
             self.raise_if_failed()
             if self._gpu_timed:
                 self._gpu_spans()
-            if self._gpus is not None:
-                self._results = [{k: to_host(v) for k, v in r.items()} for r in self._results]
             results = [assemble(self.plan.logical, "output", r) for r in self._results]
             return results[0] if single else results
 
     def _gpu_spans(self) -> None:
-        """Record the spans of this run's traced GPU kernels (``cuda.Gpus.time_kernels``)."""
+        """Record the spans of this run's traced GPU kernels (``cuda.Gpus.prepare``)."""
         assert self._gpus is not None and self._spans is not None, "traced on a GPU"
         seconds = self._gpus.seconds
         for unit, number, start, end, acts in self._gpu_timed:
@@ -426,19 +417,19 @@ class Runtime:
         """The current value of every model parameter, by name (copies; no optimizer state;
         a parameter on several devices as one logical array). Over ranks: this rank's
         devices' parameters (a logical one only where this rank holds all its parts)."""
-        assert self._wiring is not None, "an open Runtime is wired"
-        buffers = self._wiring.buffers
-        values = {
-            p.name: to_host(buffers[p.register][0]) for p in self.plan.parameters_of(self.rank) if not p.state
-        }
-        return assemble(self.plan.logical, "parameter", values)
+        return assemble(self.plan.logical, "parameter", self._host_values(state=False))
 
     def values(self) -> dict[str, np.ndarray]:
         """This rank's parameters and optimizer state, by their plan names (one per device:
         ``w0[cpu:1]``, ``w0[cpu:1].momentum``), copies: all a run keeps across steps."""
+        return self._host_values(state=True)
+
+    def _host_values(self, state: bool) -> dict[str, np.ndarray]:
+        """Host copies of this rank's parameters (and their optimizer ``state``)."""
         assert self._wiring is not None, "an open Runtime is wired"
         buffers = self._wiring.buffers
-        return {p.name: to_host(buffers[p.register][0]) for p in self.plan.parameters_of(self.rank)}
+        held = self.plan.parameters_of(self.rank)
+        return {p.name: to_host(buffers[p.register][0]) for p in held if state or not p.state}
 
     def load(self, values: dict[str, np.ndarray]) -> None:
         """Set this rank's parameters and optimizer state to ``values`` (as ``values``

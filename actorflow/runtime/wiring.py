@@ -375,7 +375,7 @@ def _host_moves(plan: Plan, units: list[Unit]) -> None:
             if (
                 len(partners) == 1
                 and plan.streams[stream := partners.pop()].kind in ("compute", "copy")
-                and cuda_stream(plan, plan.streams[stream]) == cuda_stream(plan, plan.streams[own])
+                and cuda_stream(plan.streams[stream]) == cuda_stream(plan.streams[own])
             ):
                 host[unit.id] = stream
         return host[unit.id]
