@@ -9,7 +9,7 @@ read it through the plan check (``plan_check``), so this module imports none of 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -170,20 +170,27 @@ class Actor:
         kernel for several members, gives theirs)."""
         if "parts" not in self.attrs:
             return [(self.kernel, self.attrs)]
-        return list(_kernels_of(self.attrs["parts"]))
+        return [(part[0], part[1]) for part in leaf_parts(self.attrs["parts"])]
+
+
+def leaf_parts(parts: tuple) -> Iterator[tuple]:
+    """Each member a chain's ``parts`` run, in order: a part, or a nested part's own
+    members, their sources and targets mapped to the chain's inputs and outputs."""
+    for part in parts:
+        if "parts" not in part[1]:
+            yield part
+            continue
+        sources, targets = part[2], part[3]
+        for inner in leaf_parts(part[1]["parts"]):
+            mapped = tuple(sources[s] if s >= 0 else ~targets[~s] for s in inner[2])
+            yield (inner[0], inner[1], mapped, tuple(targets[t] for t in inner[3]), *inner[4:])
 
 
 def parts_count(parts: tuple) -> int:
-    """The members a chain's ``parts`` run: one a part, or a nested chain's own count."""
+    """The members a chain's ``parts`` run: one a part, or a nested part's own count (as
+    ``leaf_parts`` gives them, but without reading their sources, which the plan check
+    has yet to check)."""
     return sum(parts_count(p[1]["parts"]) if "parts" in p[1] else 1 for p in parts)
-
-
-def _kernels_of(parts: tuple) -> Any:
-    for part in parts:
-        if "parts" in part[1]:
-            yield from _kernels_of(part[1]["parts"])
-        else:
-            yield part[0], part[1]
 
 
 @attrs.frozen

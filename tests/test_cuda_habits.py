@@ -435,6 +435,16 @@ def test_a_run_of_element_wise_parts_inside_a_chain_becomes_one_part():
     np.testing.assert_array_equal(af.run(again, feeds)["y"], af.run(plan, feeds)["y"])
 
 
+def test_a_nested_part_counts_its_ops_for_the_cost_model_as_the_plain_chain_does():
+    from actorflow.simulate.costs import features
+
+    plan = af.compile(mixed_block())
+    fused = cuda_chains(plan, on=lambda device: True)
+    (mixed,) = [a for a in plan.actors if a.kernel is chain]
+    assert features(fused, fused.actors[mixed.id]) == features(plan, mixed)
+    assert fused.actors[mixed.id].kernels() == mixed.kernels()
+
+
 def test_element_wise_parts_are_known_by_identity_not_name():
     class Twice:  # a kernel that is a callable object, with no __name__
         def __call__(self, ins, outs):

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..plan import Actor, Plan
+from ..plan_data import leaf_parts
 
 FORMAT = "actorflow-calibration/2"
 RIDGE = 0.05
@@ -190,7 +191,7 @@ def features(plan: Plan, actor: Actor) -> Features:
                 [shapes_in[k] if k >= 0 else shapes_out[~k] for k in part[2]],
                 [shapes_out[t] for t in part[3]],
             )
-            for op, part in zip(actor.ops, actor.attrs["parts"])
+            for op, part in zip(actor.ops, leaf_parts(actor.attrs["parts"]))
         ]
     found: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for op, attrs_, ins, outs in parts:
