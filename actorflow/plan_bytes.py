@@ -34,6 +34,7 @@ from .collector import cyclic_gc_paused
 from .errors import CompileError, PlanSerializationError
 from .plan_check import validate
 from .plan_data import PlanData
+from .records import evolve
 
 FORMAT_VERSION = 4
 
@@ -103,7 +104,7 @@ def _resolved(plan: P, allow: tuple[str, ...], trusted: bool) -> P:
     for actor in plan.actors:
         try:
             actors.append(
-                attrs.evolve(
+                evolve(
                     actor,
                     kernel=_function(actor.kernel, allow, trusted),
                     attrs=_with_functions(actor.attrs, lambda ref: _function(ref, allow, trusted)),
@@ -111,7 +112,7 @@ def _resolved(plan: P, allow: tuple[str, ...], trusted: bool) -> P:
             )
         except PlanSerializationError as e:
             raise PlanSerializationError(f"actor {actor.name!r}: {e}") from None
-    return attrs.evolve(plan, actors=tuple(actors))
+    return evolve(plan, actors=tuple(actors))
 
 
 def _function(ref: Any, allow: tuple[str, ...], trusted: bool) -> Callable:

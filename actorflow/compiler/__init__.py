@@ -110,7 +110,7 @@ def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
     """The passes after ``expand``, in order, as (name, Plan -> Plan) for these options."""
     o, limits = options, options.resources
     steps: list[tuple[str, Pass]] = [
-        ("record_options", partial(evolve, overlap=o.overlap, resources=limits)),
+        ("record_options", partial(evolve, overlap=o.overlap, resources=limits, stages=o.stages or ())),
         ("recompute", recompute),
         ("split_micro_batches", partial(split_micro_batches, micro_batches=o.micro_batches)),
         ("shard_optimizer", partial(shard_optimizer, shards=graph.optimizer_shards)),
@@ -132,14 +132,9 @@ def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
         ("order_collectives", order_collectives),
         (
             "reuse_communication",
-            partial(
-                reuse_communication,
-                limit=o.reuse,
-                max_ops_per_stream=limits.max_ops_per_stream,
-                max_labels=limits.max_labels,
-            ),
+            partial(reuse_communication, limit=o.reuse),
         ),
-        ("assign_streams", partial(assign_streams, limits=limits)),
+        ("assign_streams", assign_streams),
         ("predict_communication", predict_communication),
     ]
     if o.link_bandwidth is not None:
@@ -147,7 +142,8 @@ def passes(options: CompileOptions, graph: Graph) -> list[tuple[str, Pass]]:
             ("emulate_links", partial(emulate_links, bandwidth=o.link_bandwidth, latency=o.link_latency))
         )
     steps.append(("insert_events", insert_events))
-    if o.stages is not None:
+    if o.schedule is not None:
+        assert o.stages is not None, "CompileOptions: a schedule comes with its stages"
         steps.append(
             (
                 "schedule_quotas",

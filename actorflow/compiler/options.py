@@ -49,11 +49,6 @@ def _link_latency(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise CompileError(f"link_latency: seconds >= 0, got {value!r}")
 
 
-def _optional_memory(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is not None:
-        _integer(1)(_, attribute, value)
-
-
 def _quota_names(quotas: Mapping[str | Tensor, int] | None) -> dict[str, int]:
     """Per-tensor quotas keyed by name, each an int >= 1."""
     if quotas is None:
@@ -130,7 +125,7 @@ class CompileOptions:
     max_streams: int = attrs.field(default=DEFAULT_RESOURCES.max_streams, validator=_integer(1))
     max_ops_per_stream: int = attrs.field(default=DEFAULT_RESOURCES.max_ops_per_stream, validator=_integer(1))
     max_labels: int = attrs.field(default=DEFAULT_RESOURCES.max_labels, validator=_integer(1))
-    max_memory: int | None = attrs.field(default=None, validator=_optional_memory)
+    max_memory: int | None = attrs.field(default=None, validator=attrs.validators.optional(_integer(1)))
     comm_reuse: int | None = None
     reuse: int = attrs.field(init=False)
 

@@ -47,7 +47,7 @@ def plan_registers(
     for device, nbytes in sorted(memory.items()):
         if max_memory is not None and nbytes > max_memory:
             raise CompileError(_over_memory(registers, device, nbytes, max_memory))
-    return evolve(plan, registers=registers, memory=memory)
+    return evolve(plan, registers=registers, memory=memory, quota_wishes={}, quota_floors={})
 
 
 def _over_memory(registers, device: str, nbytes: int, max_memory: int) -> str:

@@ -73,11 +73,13 @@ def reuse_limit(option: int | None) -> int:
     return 0
 
 
-def reuse_communication(plan: Plan, limit: int, max_ops_per_stream: int, max_labels: int) -> Plan:
+def reuse_communication(plan: Plan, limit: int) -> Plan:
     """The plan with its communication subgraphs, each shared register's least quota
-    recorded (``Plan.quota_floors``)."""
+    recorded (``Plan.quota_floors``), within its resources' ``max_ops_per_stream`` and
+    ``max_labels``."""
     if not limit:
         return plan
+    max_ops_per_stream, max_labels = plan.resources.max_ops_per_stream, plan.resources.max_labels
     log.info("MAX_COMM_OP_REUSE_NUM: %d", limit)
     groups: dict[tuple, list[Collective]] = {}
     for coll in plan.collectives:

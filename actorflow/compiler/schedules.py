@@ -31,21 +31,16 @@ from collections.abc import Sequence
 
 from ..errors import CompileError
 from ..plan import Plan
-from ..records import evolve
 from .registers import wish_quotas
 
 SCHEDULES = ("gpipe", "1f1b", "zb1", "zbh1")
 ZERO_BUBBLE = ("zb1", "zbh1")
 
 
-def schedule_quotas(plan: Plan, stages: Sequence[Sequence[str]], schedule: str | None, default: int) -> Plan:
-    """The plan with its ``stages`` (kept for its traces) and, under a ``schedule``,
-    the quota it wishes for every register a stage keeps for its backward pass, under
-    GPipe for every register crossing stages, and under ZB-H1 for every register a W
-    reads (``default``: everyone else's quota)."""
-    plan = evolve(plan, stages=tuple(map(tuple, stages)))
-    if schedule is None:
-        return plan
+def schedule_quotas(plan: Plan, stages: Sequence[Sequence[str]], schedule: str, default: int) -> Plan:
+    """The plan with the quota a ``schedule`` wishes for every register a stage keeps for
+    its backward pass, under GPipe for every register crossing stages, and under ZB-H1
+    for every register a W reads (``default``: everyone else's quota)."""
     stage_of = {device: s for s, devices in enumerate(stages) for device in devices}
     m, p = plan.micro_batches, len(stages)
 

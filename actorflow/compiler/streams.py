@@ -14,7 +14,7 @@ rank that would need more than ``max_streams`` streams is a CompileError.
 from __future__ import annotations
 
 from ..errors import CompileError
-from ..plan import DEFAULT_RESOURCES, Plan, Resources, Stream
+from ..plan import Plan, Resources, Stream
 from ..plan_summary import kinds_text, streams_per_rank
 from ..records import evolve
 
@@ -37,7 +37,10 @@ def communication_group(plan: Plan, actors: tuple[int, ...]) -> tuple[str, ...]:
     return tuple(plan.actors[a].device for a in actors)
 
 
-def assign_streams(plan: Plan, limits: Resources = DEFAULT_RESOURCES) -> Plan:
+def assign_streams(plan: Plan) -> Plan:
+    """Each actor's stream, within the plan's resources (``max_ops_per_stream``,
+    ``max_streams``)."""
+    limits = plan.resources
     channel: dict[int, tuple[tuple[str, ...], int]] = {}  # collective participant -> (group, channel)
     filled: dict[tuple[str, ...], int] = {}
     subgraphs: dict[tuple[str, ...], int] = {}
