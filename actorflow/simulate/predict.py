@@ -30,6 +30,7 @@ import attrs
 import numpy as np
 
 from ..config import Config, parse_config
+from ..devices import device_order
 from ..plan import Plan
 from ..runtime.replay import Program, schedule
 from ..runtime.runtime import register_stats
@@ -95,12 +96,22 @@ def work(plan: Plan, model: CostModel, micro_batches: int) -> float:
     )
 
 
+Replayed = tuple[list[list[Unit]] | None, str]
+"""``replayed_orders``' answer: per stream the units a one-step run launches, and why."""
+
+
 def _clock(
-    config: Config, plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1
+    config: Config,
+    plan: Plan,
+    wiring: Wiring,
+    model: CostModel,
+    replicas: int = 1,
+    replayed: Replayed | None = None,
 ) -> tuple[list[Entry], float, str]:
     """The simulated acts of up to ``SIMULATED_STEPS`` one-step runs, the seconds a step
-    takes (the host's time between steps included), and how the run orders its acts."""
-    orders, ordered_by = replayed_orders(plan, wiring, config.runtime.order)
+    takes (the host's time between steps included), and how the run orders its acts
+    (``replayed``: ``replayed_orders`` of this wiring, where the caller has it)."""
+    orders, ordered_by = replayed or replayed_orders(plan, wiring, config.runtime.order)
     steps = min(config.train.steps, SIMULATED_STEPS)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
@@ -121,7 +132,7 @@ def _clock(
     return entries, (end + model.between) / steps, ordered_by
 
 
-def replayed_orders(plan: Plan, wiring: Wiring, order: str) -> tuple[list[list[Unit]] | None, str]:
+def replayed_orders(plan: Plan, wiring: Wiring, order: str) -> Replayed:
     """Per stream, the units a run of one step launches, where the runtime would replay
     ``plan`` (``Runtime``'s choice); and how the run orders its acts."""
     program: Program | str = "order='dynamic' was asked for" if order == "dynamic" else schedule(plan, 0)
@@ -209,7 +220,7 @@ def _moved(actor: Any, plan: Plan) -> list[int]:
 def device_places(plan: Plan) -> dict[str, int]:
     """Each device's place in the plan's device order (by its number): consecutive
     places share a node."""
-    devices = sorted({r.device for r in plan.registers}, key=lambda d: (len(d), d))
+    devices = sorted({r.device for r in plan.registers}, key=device_order)
     return {d: k for k, d in enumerate(devices)}
 
 
@@ -342,10 +353,12 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float) ->
     CPython's switch interval. The measured time between steps (``model.between``)
     includes the next step's first launch."""
     lo, hi = 0.0, sys.getswitchinterval()
+    wiring = wire(plan, None, allocate=False)  # the same each step: only the hand-over changes
+    replayed = replayed_orders(plan, wiring, config.runtime.order)
     for _ in range(20):
         mid = (lo + hi) / 2
         trial = attrs.evolve(model, handover=mid, between=0.0)
-        _, seconds, _ = _clock(config, plan, wire(plan, None, allocate=False), trial)
+        _, seconds, _ = _clock(config, plan, wiring, trial, replayed=replayed)
         lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
     return attrs.evolve(model, handover=lo, between=max(0.0, model.between - model.launch))
 
