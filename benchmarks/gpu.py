@@ -138,10 +138,6 @@ def make_spinner(cp: Any) -> tuple[Spinner | None, str]:
         return None, f"the gate kernel failed: {err!r}"
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def runs(values: list[float], fmt: str = "{:.2f}") -> str:
     return ", ".join(fmt.format(v) for v in values)
 
@@ -245,23 +241,24 @@ def section_a(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_sp
     busy = []
     if spin is not None:
         busy = [
-            busy_per_kernel(cp, spin, x, min(launches, 8 * CHUNK), median(bare)) for _ in range(args.repeats)
+            busy_per_kernel(cp, spin, x, min(launches, 8 * CHUNK), statistics.median(bare))
+            for _ in range(args.repeats)
         ]
     print(
         f"(a) {n} tanh ops on {size} float32, unfused, quota {args.quota}, {steps} steps a run, "
         f"{count(args.repeats, 'run')}; baseline: the same {launches} tanh launches by plain CuPy on one stream"
     )
     rows = [("measure", "actorflow", "baseline", "ratio")]
-    host = median(bare)
-    gpu = median(busy) if busy else float("nan")
+    host = statistics.median(bare)
+    gpu = statistics.median(busy) if busy else float("nan")
     for label, actors, walls in measured:
         per_act = [w / (actors * steps) for w in walls]
         rows.append(
             (
                 f"(a) host cost per act, {label} ({actors} actors)",
-                f"{median(per_act) * 1e6:.2f} us/act",
+                f"{statistics.median(per_act) * 1e6:.2f} us/act",
                 f"{host * 1e6:.2f} us/launch (bare CuPy loop)",
-                f"{median(per_act) / host:.2f}x (runs: {runs([p / host for p in per_act])})",
+                f"{statistics.median(per_act) / host:.2f}x (runs: {runs([p / host for p in per_act])})",
             )
         )
         if busy:
@@ -269,7 +266,7 @@ def section_a(args: argparse.Namespace, cp: Any, spin: Spinner | None, why_no_sp
             rows.append(
                 (
                     f"(a) GPU idle share, {label}",
-                    f"{median(idle):.3f} (wall {median(walls) * 1e3:.1f} ms)",
+                    f"{statistics.median(idle):.3f} (wall {statistics.median(walls) * 1e3:.1f} ms)",
                     f"{1 - gpu / host:.3f} (bare CuPy loop)",
                     f"busy {gpu * 1e6:.2f} us/kernel x {launches}",
                 )
@@ -551,19 +548,19 @@ def section_c(args: argparse.Namespace, cp: Any) -> None:
         rows.append(
             (
                 f"(c) samples/s over steps {args.warm_steps + 1}-{steps}, actorflow against torch eager",
-                f"{median(found.ours):,.1f}" if found.ours else "n/a (failed)",
-                f"{median(found.theirs):,.1f}" if found.theirs else "n/a (failed)",
-                f"{median(ratios):.2f}x (runs: {runs(ratios)}; goal 1.0)" if ratios else "",
+                f"{statistics.median(found.ours):,.1f}" if found.ours else "n/a (failed)",
+                f"{statistics.median(found.theirs):,.1f}" if found.theirs else "n/a (failed)",
+                f"{statistics.median(ratios):.2f}x (runs: {runs(ratios)}; goal 1.0)" if ratios else "",
             )
         )
         if found.busy and found.ours:
-            step = args.batch / median(found.ours)
+            step = args.batch / statistics.median(found.ours)
             rows.append(
                 (
                     "(c) actorflow: GPU kernel time a step (traced steps, GPU-timed) / step time",
-                    f"{median(found.busy) * 1e3:.1f} / {step * 1e3:.1f} ms",
+                    f"{statistics.median(found.busy) * 1e3:.1f} / {step * 1e3:.1f} ms",
                     "",
-                    f"GPU busy {median(found.busy) / step:.0%}",
+                    f"GPU busy {statistics.median(found.busy) / step:.0%}",
                 )
             )
         print("\n".join(columns(rows)))

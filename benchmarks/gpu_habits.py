@@ -22,7 +22,6 @@ Run: python benchmarks/gpu_habits.py [--rows 8192] [--width 1024] [--vocab 32768
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 from collections.abc import Callable
@@ -36,20 +35,10 @@ from actorflow.ops import gradient_kernels as grads
 from actorflow.ops import kernels
 from actorflow.ops.chain import chain
 from actorflow.ops.micro_batch import accumulate
+from actorflow.runtime.cuda import import_cupy, unavailable
 from actorflow.text import columns
 
 MiB = 1 << 20
-
-
-def gpu_or_reason() -> tuple[Any, str | None]:
-    """(cupy, None) where CuPy and a GPU are usable, else (None, why not)."""
-    try:
-        cupy = importlib.import_module("cupy")
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return None, "no CUDA GPU found"
-    except Exception as exc:  # ImportError, or CuPy's CUDARuntimeError without a driver
-        return None, f"CuPy or a CUDA GPU is unavailable ({type(exc).__name__}: {exc})"
-    return cupy, None
 
 
 def gpu_ms(cupy: Any, act: Callable[[], object], repeats: int, warmup: int = 3) -> float:
@@ -277,12 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.rows, args.width, args.vocab, args.repeats = 256, 256, 1024, 3
-    cupy, reason = gpu_or_reason()
-    if cupy is None:
-        print(
-            f"gpu_habits: not run: {reason} (it needs CuPy and a CUDA GPU: pip install cupy-cuda12x or 13x)"
-        )
+    reason = unavailable()
+    if reason is not None:
+        print(f"gpu_habits: not run: {reason}")
         return 1
+    cupy = import_cupy()
     device = cupy.cuda.Device()
     name = cupy.cuda.runtime.getDeviceProperties(device.id)["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
