@@ -23,6 +23,7 @@ consumer: its credit comes back at once, so it needs one buffer (the names retur
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
@@ -192,17 +193,13 @@ def _fused_runs(parts: Sequence[Part], ins: list[Register], outs: list[Register]
     that the run reads, renumbered as its own inputs, and writes the run's outputs that
     a later part or another actor reads."""
     result: list[Part] = []
-    k = 0
-    while k < len(parts):
-        end = k
-        while end < len(parts) and element_wise(parts[end][0]):
-            end += 1
-        run = parts[k:end]
-        part = _one_part(run, parts[end:], ins, outs) if run and worth_one_kernel(run) else None
+    for fusable, group in itertools.groupby(range(len(parts)), key=lambda k: element_wise(parts[k][0])):
+        places = list(group)
+        run = parts[places[0] : places[-1] + 1]
+        part = (
+            _one_part(run, parts[places[-1] + 1 :], ins, outs) if fusable and worth_one_kernel(run) else None
+        )
         result.extend(run if part is None else [part])
-        if not run:
-            result.append(parts[k])
-        k = max(end, k + 1)
     return tuple(result)
 
 
