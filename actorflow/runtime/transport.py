@@ -392,8 +392,7 @@ class Transport:
                                 f"{now - heard[peer]:.1f} s (its process died, hangs or was paused longer "
                                 "than lost_after, or its host is unreachable)"
                             )
-                            self._live.extend((r, None, False) for r in self._failure_notices(lost))
-                            self._fail(RankError(lost))
+                            self._fail(RankError(lost), tell=True)
                             left.add(peer)
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
@@ -460,9 +459,13 @@ class Transport:
                 return
             self._wakes.Send(_NOTHING, dest=0, tag=tag)
 
-    def _fail(self, exc: RankError) -> None:
+    def _fail(self, exc: RankError, tell: bool = False) -> None:
+        """Fail this rank, once; ``tell``: send the other ranks ``exc`` as a failure notice
+        (a rank lost: they may not hear of it otherwise)."""
         if not self._failed:
             self._failed = True
+            if tell:
+                self._live.extend((r, None, False) for r in self._failure_notices(str(exc)))
             _exit_unfinalized()
             self.on_failure(exc)
 
