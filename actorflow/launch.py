@@ -135,7 +135,7 @@ def launch(
             start_new_session=True,
         )
         forward.attach(proc)
-        ends = _Ends(proc.pid, n)
+        ends = _Ends(proc.pid, n) if hostfile is None else None  # ranks elsewhere: not seen here
         width, texts = len(str(n - 1)), (_HydraText(), _HydraText())
         pumps = [
             threading.Thread(target=_pump, args=(pipe, sink.buffer, width, text), daemon=True)
@@ -144,7 +144,8 @@ def launch(
         for pump in pumps:
             pump.start()
         returncode = _wait(proc, forward, grace)
-        ends.stop()
+        if ends is not None:
+            ends.stop()
         for pump in pumps:
             pump.join(timeout=grace)
     finally:
@@ -153,7 +154,7 @@ def launch(
     statuses = [status for _, codes in hosts for status in codes]
     if not statuses:  # mpiexec failed itself, or was killed before it could report
         statuses = [-returncode if returncode < 0 else returncode << 8]
-    if failed := _failures(hosts, forward.first, ends.first()):
+    if failed := _failures(hosts, forward.first, ends.first() if ends is not None else None):
         print(f"actorflow launch: {failed}", file=sys.stderr)
     return exit_status(statuses, forward.first)
 
