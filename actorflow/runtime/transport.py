@@ -99,6 +99,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import trio
 
 from ..errors import RankError
@@ -602,3 +603,26 @@ def gather(obj: Any, check: Callable[[], None] = lambda: None) -> list | None:
         time.sleep(backoff)
         backoff = min(2 * backoff, 0.01)
     return MPI.COMM_WORLD.gather(obj, root=0)
+
+
+class Vote:
+    """Whether any rank says yes, asked once a step and answered the next: an allreduce
+    (max) of one flag that ``ask`` starts and ``answer`` completes, so that no rank waits
+    on the others for it (a Ctrl-C heard by some ranks, ``training.stopping``)."""
+
+    def __init__(self) -> None:
+        self._request: Any = None
+        self._flags = np.zeros(2, np.uint8)  # this rank's ask, and every rank's
+
+    def ask(self, yes: bool) -> None:
+        MPI = mpi()
+        self._flags[:] = (yes, False)
+        self._request = MPI.COMM_WORLD.Iallreduce(self._flags[:1], self._flags[1:], op=MPI.MAX)
+
+    def answer(self) -> bool | None:
+        """The last ask's answer, once every rank asked it; None if none is out."""
+        if self._request is None:
+            return None
+        self._request.Wait()
+        self._request = None
+        return bool(self._flags[1])

@@ -17,9 +17,8 @@ from types import FrameType, TracebackType
 from typing import Any
 
 import attrs
-import numpy as np
 
-from ..runtime.transport import mpi
+from ..runtime.transport import Vote
 
 
 @attrs.frozen
@@ -59,10 +58,8 @@ class Interrupts:
 
     def __init__(self, world: int) -> None:
         self.heard = False
-        self._world = world
         self._old: Any = None
-        self._vote: Any = None  # over ranks: the allreduce of the previous step's ask
-        self._asked = np.zeros(2, np.uint8)  # this rank's ask, and every rank's
+        self._vote = Vote() if world > 1 else None  # over ranks: asked each step, answered the next
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -71,7 +68,7 @@ class Interrupts:
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._vote is not None and kind is None:
-            self._vote.Wait()  # every rank completes the last one it started
+            self._vote.answer()  # every rank completes the last one it started
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
 
@@ -82,14 +79,9 @@ class Interrupts:
 
     def stop_now(self) -> bool:
         """Whether the run stops after the step every rank has just run."""
-        if self._world == 1:
+        if self._vote is None:
             return self.heard
-        if self._vote is not None:
-            self._vote.Wait()
-            self._vote = None
-            if self._asked[1]:
-                return True
-        MPI = mpi()
-        self._asked[:] = (self.heard, False)
-        self._vote = MPI.COMM_WORLD.Iallreduce(self._asked[:1], self._asked[1:], op=MPI.MAX)
+        if self._vote.answer():
+            return True
+        self._vote.ask(self.heard)
         return False
