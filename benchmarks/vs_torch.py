@@ -47,6 +47,7 @@ import numpy as np
 
 from actorflow.config import Config, load_config
 from actorflow.text import columns, count
+from actorflow.trace.metrics import makespan
 from actorflow.training import compile_config
 from actorflow.training.data import Data, dataset, step_feeds
 
@@ -71,8 +72,7 @@ def actorflow_run(overrides: list[str]) -> tuple[float, list[float], float]:
         with open(metrics) as f:
             result = json.load(f)
     m = result["config"]["parallel"]["micro_batches"]
-    times = [stage["kernel_seconds_per_step"] / m for stage in result["stages"]]
-    step = sum(times) + (m - 1) * max(times)
+    step = makespan([stage["kernel_seconds_per_step"] for stage in result["stages"]], m)
     return result["samples_per_second"], result["losses"], result["config"]["train"]["batch_size"] / step
 
 

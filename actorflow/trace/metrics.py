@@ -204,9 +204,16 @@ def balanced_bubbles(busy: Sequence[float], micro_batches: int) -> list[float]:
     (p-1)/(m+p-1); uneven ones more, for all but the slowest stage. The measured bubble
     above it is what the runtime adds (hand-offs, queueing, waits)."""
     m = micro_batches
-    times = [b / m for b in busy]
-    window = sum(times) + (m - 1) * max(times, default=0.0)
-    return [1.0 - m * t / window if window > 0 else 0.0 for t in times]
+    window = makespan(busy, m)
+    return [1.0 - b / window if window > 0 else 0.0 for b in busy]
+
+
+def makespan(busy: Sequence[float], micro_batches: int) -> float:
+    """How long a step of a pipeline whose stages compute for ``busy`` a step lasts, with
+    no time between kernels: sum t_s + (m - 1) max t_s, t_s = busy / m (a flow shop's
+    makespan, see ``balanced_bubbles``)."""
+    times = [b / micro_batches for b in busy]
+    return sum(times) + (micro_batches - 1) * max(times, default=0.0)
 
 
 PASSES = ("forward", "backward", "weight")

@@ -117,8 +117,8 @@ def save(
 def _stale(name: str, step: int) -> bool:
     """Whether a folder in a checkpoint's path goes once the checkpoint of ``step`` is in
     place: every other checkpoint, and what writers killed at ``step`` or before left."""
-    if _STEP.fullmatch(name):
-        return name != os.path.basename(step_folder("", step))
+    if (folder := _STEP.fullmatch(name)) is not None:
+        return int(folder[1]) != step
     partial = _PARTIAL.fullmatch(name)
     return partial is not None and int(partial[1]) <= step
 
