@@ -539,7 +539,7 @@ async def test_with_overlap_off_a_collective_never_runs_beside_compute_on_the_gp
         x1 = af.placeholder("x1", (4,), "float32", "cuda:1")
         r = af.ops.all_reduce([af.ops.relu(x0), af.ops.relu(x1)], name="ar")
         af.output("r0", r[0])
-        af.output("side", af.ops.call(cs.slow_add_one, x0, shape=(4,), dtype="float32", name="side"))
+        af.output("side", af.ops.call(cs.slow_add_one, x0, shape=(4,), dtype="float32", name="slow"))
     plan = af.compile(g, link_bandwidth=4 * 4 / 0.03, overlap=overlap)
     feeds = {"x0": np.ones(4, np.float32), "x1": np.full(4, 2.0, np.float32)}
     async with af.Runtime(plan, trace=True, order="dynamic") as rt:
@@ -551,7 +551,7 @@ async def test_with_overlap_off_a_collective_never_runs_beside_compute_on_the_gp
         np.testing.assert_array_equal(out["r0"], np.full(4, 3.0, np.float32))
         np.testing.assert_array_equal(out["side"], np.full(4, 2.0, np.float32))
     collective = [s for s in spans if s.name == "ar"]
-    compute = [s for s in spans if s.name == "side"]
+    compute = [s for s in spans if s.name == "slow"]
     together = [(c, k) for c in collective for k in compute if c.start < k.end and k.start < c.end]
     assert len(collective) == len(compute) == 3
     assert bool(together) is overlap
