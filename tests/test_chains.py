@@ -162,6 +162,39 @@ def test_a_producer_also_read_off_its_stream_keeps_its_follower_apart():
     np.testing.assert_allclose(out["z"], np.exp([0.0, 2.0, 3.0]))
 
 
+def test_a_gradient_that_communication_reads_is_not_held_behind_a_fused_follower():
+    """Data-parallel backward: a hidden layer's output gradient (tanh_grad) is read by
+    the input gradient's matmul, which could fuse, and by the weight and bias gradients,
+    whose all-reduces read them. Fused with the matmul, it would hold those gradients and
+    their all-reduces behind it; apart, compute-first priorities put the weight and bias
+    gradients ahead of the input gradient on the stream. A pipeline's input gradient,
+    which a copy to the previous stage reads, may still fuse (the last test above)."""
+    devices = ["cpu:0", "cpu:1"]
+    with af.Graph() as g:
+        h = af.placeholder("x", (8, 4), "float64", devices, af.S(0))
+        y = af.placeholder("y", (8, 4), "float64", devices, af.S(0))
+        for k in range(3):
+            w = af.parameter(f"w{k}", np.full((4, 4), 0.1), devices, af.B)
+            b = af.parameter(f"b{k}", np.full(4, 0.1), devices, af.B)
+            h = af.ops.bias_add(af.ops.matmul(h, w), b)
+            h = af.ops.tanh(h) if k < 2 else h
+        loss = af.ops.mse_loss(h, y)
+        af.minimize(loss, af.optim.SGD(lr=0.1))
+        af.output("loss", loss)
+    plan = af.compile(g)
+    on0 = [a for a in plan.actors if a.device == "cpu:0" and a.kind == "compute"]
+
+    def readers_of(actor):
+        return [plan.actors[c.actor] for o in actor.outputs for c in plan.registers[o].consumers]
+
+    (grad,) = [a for a in on0 if a.op == "tanh_grad" and len(readers_of(a)) == 3]  # the middle layer's
+    readers = readers_of(grad)
+    talking = [r for r in readers if any(c.kind == "collective" for c in readers_of(r))]
+    (input_grad,) = [r for r in readers if r not in talking]
+    assert {r.op for r in talking} == {"matmul", "sum_to"} and input_grad.op == "matmul"
+    assert all(r.priority < input_grad.priority for r in talking)
+
+
 def test_a_fused_plan_travels_and_a_part_that_cannot_is_named():
     plan = af.compile(call_chain(3))
     back = af.Plan.from_bytes(plan.to_bytes(), allow=["test_chains", "userfns"])

@@ -78,20 +78,43 @@ def fuse_chains(plan: Plan) -> Plan:
 def _links(plan: Plan) -> dict[int, int]:
     """Producer -> the consumer fused after it: per producer, the first consumer (by id)
     whose only data input it makes (besides parameters and variables), with both
-    fusable alike."""
-    following: dict[int, int] = {}
+    fusable alike, unless another of its readers feeds communication: fused with the
+    input gradient's matmul, a layer's output gradient would hold the weight and bias
+    gradients that read it, and their all-reduces, behind that matmul, and gradients
+    ready late are what an all-reduce can't hide behind the backward pass. (A consumer
+    that feeds communication itself, a pipeline stage's input gradient, may fuse.)"""
+    candidates: dict[int, list[Actor]] = {}
     for consumer in plan.actors:
         reads = [i for i in consumer.inputs if not _constant(plan, i.register)]
         if len(reads) != 1 or not _fusable(consumer):
             continue
         reg = plan.registers[reads[0].register]
         producer = plan.actors[reg.producer]
-        if reg.control or not _fusable(producer) or producer.id in following:
+        if reg.control or not _fusable(producer):
             continue
         if _pass(producer) == _pass(consumer) and producer.device == consumer.device:
             if all(_on_stream_of(plan, producer, o, consumer) for o in producer.outputs):
-                following[producer.id] = consumer.id
+                candidates.setdefault(producer.id, []).append(consumer)
+    following: dict[int, int] = {}
+    for head, consumers in candidates.items():
+        talking = {r.id for r in _readers(plan, plan.actors[head]) if _feeds_communication(plan, r)}
+        allowed = [c for c in consumers if talking <= {c.id}]
+        if allowed:
+            following[head] = min(allowed, key=lambda c: (c.id not in talking, c.id)).id
     return following
+
+
+def _readers(plan: Plan, actor: Actor) -> list[Actor]:
+    return [plan.actors[c.actor] for o in actor.outputs for c in plan.registers[o].consumers]
+
+
+def _feeds_communication(plan: Plan, actor: Actor) -> bool:
+    """Whether a collective, a send or a copy to another device reads what ``actor``
+    writes."""
+    return any(
+        r.group >= 0 or r.kind == "send" or (r.kind == "copy" and r.device != actor.device)
+        for r in _readers(plan, actor)
+    )
 
 
 def _on_stream_of(plan: Plan, producer: Actor, register: int, consumer: Actor) -> bool:
