@@ -18,7 +18,7 @@ import actorflow as af
 import graph_strategies as gs
 from actorflow.compiler.expand import expand
 from actorflow.compiler.fusion import fuse_collectives
-from actorflow.compiler.topology import data_edges, positions
+from actorflow.compiler.topology import ready_order, unit_of
 from actorflow.compiler.updates import order_updates
 from actorflow.ops import kernels
 from actorflow.ops.fusion_kernels import fused_all_reduce
@@ -269,20 +269,20 @@ def test_defaults_are_ddps():
 
 def test_buckets_are_runs_of_the_topological_order():
     """In a backward pass with many all-reduces, each bucket is a run of consecutive
-    fusible all-reduces of its group in the topological (gradient-ready) order."""
+    fusible all-reduces of its group in gradient-ready order (``ready_order``)."""
     g = sharded_weights_graph(2)
     plain = af.compile(g, fusion=False)
-    position = positions(data_edges(plain))
-    ready: dict[str, list[str]] = {}  # op -> the all-reduces of that op, in topological order
-    for c in sorted(plain.collectives, key=lambda c: position[c.actors[0]]):
+    order, unit = ready_order(plain), unit_of(plain)
+    ready: dict[str, list[str]] = {}  # op -> the all-reduces of that op, in gradient-ready order
+    for c in sorted(plain.collectives, key=lambda c: order[unit[c.actors[0]]]):
         ready.setdefault(plain.actors[c.actors[0]].attrs["op"], []).append(c.name)
     op_of = {name: op for op, names in ready.items() for name in names}
-    for first, cap, expected in [(64, 256, 2), (1 << 20, 25 << 20, 3)]:
+    for first, cap, expected in [(64, 256, 3), (1 << 20, 25 << 20, 4)]:
         fused, _ = fused_compile(g, bucket_first=first, bucket_cap=cap)
         assert len(buckets(fused)) == expected
         for bucket in buckets(fused):
-            order = ready[op_of[bucket[0]]]
-            at = [order.index(m) for m in bucket]
+            run = ready[op_of[bucket[0]]]
+            at = [run.index(m) for m in bucket]
             assert at == list(range(at[0], at[0] + len(at)))
 
 
@@ -347,8 +347,9 @@ def test_dependent_all_reduces_are_not_fused():
 
 def test_a_dependent_tensor_starts_the_next_bucket():
     """ar0 and ar1 are independent; ar3's inputs are ready before ar2's (which reads ar0's
-    result), so gradient-ready order is ar0, ar1, ar3, ar2: ar2 depends on the open
-    bucket, closes it and is left alone."""
+    result), so gradient-ready order is ar0, ar3, ar1, ar2 (ar3's tanh chain and ar1's exp
+    read only the feeds, so they could start at once: the deeper first): ar2 depends on
+    the open bucket, closes it and is left alone."""
     with af.Graph() as g:
         xs = [af.placeholder(f"x{k}", (3,), "float64", dev(k)) for k in range(2)]
         a0 = af.ops.all_reduce(xs, name="ar0")
@@ -359,7 +360,7 @@ def test_a_dependent_tensor_starts_the_next_bucket():
         for name, outs in [("a0", a0), ("a1", a1), ("a2", a2), ("a3", a3)]:
             af.output(name, outs[1])
     fused, plain = fused_compile(g)
-    assert buckets(fused) == [["ar0", "ar1", "ar3"]]
+    assert buckets(fused) == [["ar0", "ar3", "ar1"]]
     run_both(fused, plain, {"x0": rng_values((3,), seed=1), "x1": rng_values((3,), seed=2)})
 
 
@@ -581,8 +582,9 @@ def test_data_parallel_training_with_fusion_matches_without():
     g = build()
     fused, plain = fused_compile(g)
     # the loss's mean is independent of the gradients' means: one bucket, in the order the
-    # tensors are ready (the loss, then the last layer's gradients first)
-    assert buckets(fused) == [["loss_mean", "grad_w2", "grad_b1", "grad_w1"]]
+    # tensors are ready (the loss, then the last layer's gradients first; of the first
+    # layer's, which read the same output gradient, the weight's, as it is launched first)
+    assert buckets(fused) == [["loss_mean", "grad_w2", "grad_w1", "grad_b1"]]
     batches = [
         {
             **{f"x{k}": rng_values((4, 3), seed=50 * s + k) for k in range(n)},

@@ -224,8 +224,10 @@ def test_a_stall_behind_a_reused_subgraph_ends_at_the_kernel_everything_waits_on
     with af.Graph() as g:
         xs = [af.placeholder(f"x[{d}]", (2, 3), "float64", d) for d in devices]
         reduced = [af.ops.all_reduce([af.ops.relu(x) for x in xs], op="sum")[0] for _ in range(3)]
-        slow = af.ops.call(hang, reduced[0], shape=(2, 3), dtype="float64", name="sloth")
-        af.output("y", af.ops.add(slow, af.ops.add(reduced[1], reduced[2])))
+        # the last built all-reduce is the subgraph's first call: of collectives whose
+        # inputs could be made at once, the deeper goes first (``topology.ready_order``)
+        slow = af.ops.call(hang, reduced[2], shape=(2, 3), dtype="float64", name="sloth")
+        af.output("y", af.ops.add(slow, af.ops.add(reduced[1], reduced[0])))
     plan = af.compile(g, max_ops_per_stream=1, fusion=False, comm_reuse=-1)
     assert plan.labels == 4
     message = trio.run(stall_message, plan, {f"x[{d}]": np.ones((2, 3)) for d in devices})

@@ -77,7 +77,7 @@ def _buckets(plan: Plan, first_bytes: int, cap_bytes: int) -> list[list[Collecti
     order = ready_order(plan)
     unit = unit_of(plan)
 
-    def ready(coll: Collective) -> tuple[int, int]:
+    def ready(coll: Collective) -> tuple[int, int, int]:
         return order[unit[coll.actors[0]]]
 
     graph = Contracted(data_edges(plan), [unit[c.actors[0]] for members in groups.values() for c in members])

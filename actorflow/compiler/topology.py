@@ -35,21 +35,33 @@ def unit_positions(plan: Plan, across_ranks: bool = True) -> dict[int, int]:
     return positions(call_edges(plan, across_ranks)[0])
 
 
-def ready_order(plan: Plan) -> dict[int, tuple[int, int]]:
-    """Unit -> (latest topological position among its producers, its own position).
+def ready_order(plan: Plan) -> dict[int, tuple[int, int, int]]:
+    """Unit -> a key that sorts units in the order their inputs are made: (where its
+    producers could all start, the latest topological position among their own
+    producers; minus its latest producer's position; its own position).
 
     Sorting by it puts a unit as early as its inputs allow: a gradient's all-reduce
-    comes right after the backward op that made the gradient (gradient-ready order),
-    and it is consistent with every dependency, since a unit's producers all come
-    before it.
+    comes right after the backward op that made the gradient (gradient-ready order).
+    Where producers could start at once (a layer's weight and bias gradients, both
+    reading its output gradient), the deeper goes first, as ``priorities`` launches
+    them, so the collectives' fixed order waits for neither out of turn (producers that
+    wait on nothing, feeds, keep their order). It is
+    consistent with every dependency: whatever a unit reaches, it reaches through a
+    producer of that unit, which can start only after it, so its first figure is
+    larger.
     """
     edges = data_edges(plan)
     position = positions(edges)
-    latest = dict.fromkeys(position, -1)
+    producers: dict[int, list[int]] = {u: [] for u in position}
     for producer, consumers in edges.items():
         for consumer in consumers:
-            latest[consumer] = max(latest[consumer], position[producer])
-    return {u: (latest[u], position[u]) for u in position}
+            producers[consumer].append(producer)
+    start = {u: max((position[p] for p in ps), default=-1) for u, ps in producers.items()}
+    order = {}
+    for u, ps in producers.items():
+        ready = max((start[p] for p in ps), default=-1)
+        order[u] = (ready, -start[u] if ready >= 0 else start[u], position[u])
+    return order
 
 
 def reach_bits(edges: Edges, sources: Iterable[int], bit: Mapping[int, int]) -> dict[int, int]:
