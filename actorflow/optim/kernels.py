@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import namespace
+
 
 def sgd_update(ins, outs, lr, momentum):
     p, g = ins[0], ins[1]
@@ -29,10 +31,12 @@ def sgd_update(ins, outs, lr, momentum):
 
 def adam_update(ins, outs, lr, beta1, beta2, eps):
     p, g, m, v, t = ins
-    t += 1
     if _fused_update(p):
-        _fused("adam")(g, t, lr, beta1, beta2, eps, p, m, v)
+        corrections = namespace(p).empty(2, np.float32)
+        _fused("adam_step")(beta1, beta2, t, corrections)
+        _fused("adam")(g, corrections, lr, beta1, beta2, eps, p, m, v)
         return
+    t += 1
     step = float(t)
     m *= beta1
     m += (1 - beta1) * g
@@ -56,15 +60,23 @@ _FUSED = {
         "float32 p, float32 v",
         "v = __fadd_rn(__fmul_rn(v, (float)momentum), g); p = __fsub_rn(p, __fmul_rn((float)lr, v));",
     ),
+    "adam_step": (
+        "float64 beta1, float64 beta2",
+        "float64 t, raw float32 corrections",
+        """
+        t = t + 1.0;
+        corrections[0] = (float)(1.0 - pow(beta1, t));
+        corrections[1] = (float)(1.0 - pow(beta2, t));
+        """,
+    ),
     "adam": (
-        "float32 g, raw float64 t, float64 lr, float64 beta1, float64 beta2, float64 eps",
+        "float32 g, raw float32 corrections, float64 lr, float64 beta1, float64 beta2, float64 eps",
         "float32 p, float32 m, float32 v",
         """
-        const double step = t[0];
         m = __fadd_rn(__fmul_rn(m, (float)beta1), __fmul_rn((float)(1.0 - beta1), g));
         v = __fadd_rn(__fmul_rn(v, (float)beta2), __fmul_rn((float)(1.0 - beta2), __fmul_rn(g, g)));
-        const float m_hat = __fdiv_rn(m, (float)(1.0 - pow(beta1, step)));
-        const float v_hat = __fdiv_rn(v, (float)(1.0 - pow(beta2, step)));
+        const float m_hat = __fdiv_rn(m, corrections[0]);
+        const float v_hat = __fdiv_rn(v, corrections[1]);
         p = __fsub_rn(p, __fdiv_rn(__fmul_rn((float)lr, m_hat), __fadd_rn(__fsqrt_rn(v_hat), (float)eps)));
         """,
     ),
@@ -73,7 +85,9 @@ _FUSED = {
 version's dozen element-wise passes and temporaries, one pass): (in params, out params,
 operation) of a CuPy ElementwiseKernel. Each step is the numpy version's, rounded as it
 rounds (the intrinsics keep the compiler from fusing a multiply and an add into one
-rounding), so a GPU's update is the host's bit for bit, but for ``pow``."""
+rounding), so a GPU's update is the host's bit for bit, but for ``pow``. Adam's step
+count and bias corrections are one thread's work (``adam_step``, on the step count's
+0-d array, so the host never reads it), not two float64 ``pow``s in every element's."""
 
 
 @functools.cache
