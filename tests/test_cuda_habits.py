@@ -8,6 +8,7 @@ against its plain version."""
 from __future__ import annotations
 
 import ctypes
+import math
 import shutil
 import subprocess
 
@@ -445,6 +446,56 @@ def test_a_nested_part_counts_its_ops_for_the_cost_model_as_the_plain_chain_does
     assert fused.actors[mixed.id].kernels() == mixed.kernels()
 
 
+def attention_block(causal: bool) -> af.Graph:
+    """Attention's scores and their gradient: q k^T, a scale, a (causal) softmax; back
+    through them, a softmax gradient and a scale."""
+    rng = np.random.default_rng(5)
+    with af.Graph() as g:
+        q = af.placeholder("q", (2, 3, 6, 4), "float32")
+        k = af.parameter("k", rng.standard_normal((2, 3, 6, 4)).astype(np.float32))
+        dy = af.placeholder("dy", (2, 3, 6, 6), "float32")
+        scores = af.ops.scale(af.ops.matmul(q, k, transpose_b=True), 0.5, name="scaled")
+        p = af.ops.causal_softmax(scores) if causal else af.ops.softmax(scores, axis=-1)
+        af.output("p", p)
+        (dq,) = af.gradients(p, [q], dy)
+        af.output("dq", dq)
+    return g
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_scale_beside_a_softmax_is_one_part_of_its_chain(causal):
+    """scale, then softmax; softmax_grad, then scale: each pair one part, which on a GPU
+    is one kernel (``transformer_kernels.scaled_softmax``, ``scaled_softmax_grad``); here
+    its numpy path computes what the plain chain does, and the plan travels."""
+    plan = af.compile(attention_block(causal))
+    fused = cuda_chains(plan, on=lambda device: True)
+    names = [[p[0].__name__ for p in a.attrs["parts"]] for a in fused.actors if a.kernel is chain]
+    assert ["matmul", "scaled_softmax"] in names and any("scaled_softmax_grad" in n for n in names)
+    assert not any("scale" in n for n in names)  # no scale part is left alone
+    again = Plan.from_bytes(fused.to_bytes())
+    rng = np.random.default_rng(6)
+    feeds = {
+        "q": rng.standard_normal((2, 3, 6, 4)).astype(np.float32),
+        "dy": rng.standard_normal((2, 3, 6, 6)).astype(np.float32),
+    }
+    want, got = af.run(plan, feeds), af.run(again, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_scale_whose_output_another_reads_keeps_its_part():
+    rng = np.random.default_rng(7)
+    with af.Graph() as g:
+        x = af.placeholder("x", (4, 6), "float32")
+        w = af.parameter("w", rng.standard_normal((6, 6)).astype(np.float32))
+        scores = af.ops.scale(af.ops.matmul(x, w), 0.5)
+        af.output("p", af.ops.softmax(scores, axis=-1))
+        af.output("e", af.ops.exp(scores))
+    fused = cuda_chains(af.compile(g), on=lambda device: True)
+    names = [[p[0].__name__ for p in a.attrs["parts"]] for a in fused.actors if a.kernel is chain]
+    assert names == [["matmul", "scale", "softmax"]]
+
+
 def test_element_wise_parts_are_known_by_identity_not_name():
     class Twice:  # a kernel that is a callable object, with no __name__
         def __call__(self, ins, outs):
@@ -577,6 +628,37 @@ def test_a_fused_chain_equals_the_plain_chain_run_with_cupy(name):
         np.testing.assert_allclose(
             fused[t].get(), plain[t].get(), rtol=1e-5, atol=1e-5, err_msg=f"output {t}"
         )
+
+
+@gpu
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 5, 37, 37), (2, 4, 512, 512)])
+def test_a_scaled_softmax_and_its_gradient_on_the_gpu_equal_their_parts_bit_for_bit(causal, shape):
+    """One kernel that scales as it reads (or writes) rounds as the scale kernel did."""
+    import cupy
+
+    from actorflow.ops import transformer_kernels as tk
+
+    rng = np.random.default_rng(sum(shape))
+    x, dy = to_gpu([(4 * rng.standard_normal(shape)).astype(np.float32) for _ in range(2)])
+    factor = 1 / math.sqrt(shape[-1] + 3)
+    scale = part(grads.scale, [0], 0, {"factor": factor})
+    soft = part(tk.causal_softmax, [~0], 1) if causal else part(kernels.softmax, [~0], 1, {"axis": -1})
+    forward = (scale, soft)
+    fused, plain = ([cupy.zeros_like(x), cupy.zeros_like(x)] for _ in range(2))
+    tk.scaled_softmax([x], fused, parts=forward)
+    chain([x], plain, forward)
+    cupy.testing.assert_array_equal(fused[1], plain[1])
+    assert not fused[0].any()  # the scaled scores stay in registers
+    y = plain[1]
+    backward = (
+        part(grads.softmax_grad, [0, 1], 0, {"axis": -1}),
+        part(grads.scale, [~0], 1, {"factor": factor}),
+    )
+    fused, plain = ([cupy.zeros_like(x), cupy.zeros_like(x)] for _ in range(2))
+    tk.scaled_softmax_grad([dy, y], fused, parts=backward)
+    chain([dy, y], plain, backward)
+    cupy.testing.assert_array_equal(fused[1], plain[1])
 
 
 @gpu

@@ -27,6 +27,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
+from ..ops import gradient_kernels, kernels, transformer_kernels
 from ..ops.chain import Part, chain
 from ..ops.cuda_habits import chain_code, element_wise, fits_one_kernel, fused_chain, worth_one_kernel
 from ..plan import Actor, Input, Plan, Register
@@ -204,10 +205,62 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
             attrs = {"parts": parts, "written": code.outputs}
             actors[actor.id] = evolve(actor, kernel=fused_chain, attrs=attrs)
         elif actor.kernel is chain:
-            fused = _fused_runs(parts, ins, outs)
+            fused = _fused_runs(_scaled_softmaxes(parts, outs), ins, outs)
             if fused != parts:
                 actors[actor.id] = evolve(actor, attrs={**actor.attrs, "parts": fused})
     return evolve(plan, actors=tuple(actors))
+
+
+def _scaled_softmaxes(parts: Sequence[Part], outs: list[Register]) -> tuple[Part, ...]:
+    """``parts`` with each scale before a softmax along the last axis (attention's
+    scores, ``1 / sqrt(d)`` times q k^T), and each scale after a softmax gradient (their
+    gradient), as one part (``transformer_kernels.scaled_softmax`` and
+    ``scaled_softmax_grad``), where only the second reads the first's float32 output:
+    one kernel that scales as it reads or writes, one pass over the scores fewer."""
+    result = list(parts)
+    k = 0
+    while k + 1 < len(result):
+        pair = _scaled_pair(result[k], result[k + 1], result[k + 2 :], outs)
+        if pair is not None:
+            result[k : k + 2] = [pair]
+        k += 1
+    return tuple(result)
+
+
+def _scaled_pair(first: Part, second: Part, after: Sequence[Part], outs: list[Register]) -> Part | None:
+    """``first`` and ``second`` as one nested part, where they are such a pair."""
+    if len(first[3]) != 1 or tuple(second[2]) != (~first[3][0],) or first[4] or second[4]:
+        return None
+    link = first[3][0]
+    if outs[link].consumers or any(~link in part[2] for part in after) or outs[link].dtype != "float32":
+        return None
+    last = (-1, len(outs[link].shape) - 1)
+    if first[0] is gradient_kernels.scale and (
+        second[0] is transformer_kernels.causal_softmax
+        or (second[0] is kernels.softmax and second[1]["axis"] in last)
+    ):
+        kernel = transformer_kernels.scaled_softmax
+    elif (
+        first[0] is gradient_kernels.softmax_grad
+        and first[1]["axis"] in last
+        and second[0] is gradient_kernels.scale
+    ):
+        kernel = transformer_kernels.scaled_softmax_grad
+    else:
+        return None
+    inner = (
+        (*first[:2], tuple(range(len(first[2]))), (0,), *first[4:]),
+        (*second[:2], (~0,), tuple(range(1, 1 + len(second[3]))), *second[4:]),
+    )
+    return (
+        kernel,
+        {"parts": inner},
+        first[2],
+        (link, *second[3]),
+        False,
+        f"{first[5]}+{second[5]}",
+        first[6],
+    )
 
 
 def _fused_runs(parts: Sequence[Part], ins: list[Register], outs: list[Register]) -> tuple[Part, ...]:

@@ -84,11 +84,13 @@ __device__ float af_block_max(float v, float* scratch) {
     return af_warp_max(v);
 }
 
-// out = exp(x - max) / sum(exp(x - max)) along each row of n. causal: the rows are those
+// out = exp(x - max) / sum(exp(x - max)) along each row of n, x read as x * scale (rounded
+// as a multiply before it would round: 1 leaves it as it is). causal: the rows are those
 // of (n, n) matrices, and row i of each (query i) sees keys j <= i only: the others are
 // -inf, whose exp is 0, so they are skipped and written 0 / sum (0, or NaN where the
 // sum is NaN, as the host's division gives).
-extern "C" __global__ void af_softmax_rows(const float* x, float* out, const int n, const int causal) {
+extern "C" __global__ void af_softmax_rows(const float* x, float* out, const int n, const int causal,
+                                           const float scale) {
     __shared__ float scratch[32];
     const long long base = (long long)blockIdx.x * (long long)n;
     const float* xr = x + base;
@@ -96,22 +98,24 @@ extern "C" __global__ void af_softmax_rows(const float* x, float* out, const int
     const int valid = causal ? (int)(blockIdx.x % (unsigned int)n) + 1 : n;
     float m = __int_as_float(0xff800000);
     for (int j = threadIdx.x; j < valid; j += blockDim.x) {
-        m = fmaxf(m, xr[j]);
+        m = fmaxf(m, __fmul_rn(xr[j], scale));
     }
     m = af_block_max(m, scratch);
     float s = 0.0f;
     for (int j = threadIdx.x; j < valid; j += blockDim.x) {
-        s = __fadd_rn(s, expf(__fsub_rn(xr[j], m)));
+        s = __fadd_rn(s, expf(__fsub_rn(__fmul_rn(xr[j], scale), m)));
     }
     s = af_block_sum(s, scratch);
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float e = j < valid ? expf(__fsub_rn(xr[j], m)) : 0.0f;
+        const float e = j < valid ? expf(__fsub_rn(__fmul_rn(xr[j], scale), m)) : 0.0f;
         yr[j] = __fdiv_rn(e, s);
     }
 }
 
-// out = y * (dy - sum(dy * y)) along each row of n.
-extern "C" __global__ void af_softmax_grad_rows(const float* dy, const float* y, float* out, const int n) {
+// out = y * (dy - sum(dy * y)) * scale along each row of n (a multiply after, as a scale
+// op after it would round: 1 leaves it as it is).
+extern "C" __global__ void af_softmax_grad_rows(const float* dy, const float* y, float* out, const int n,
+                                                const float scale) {
     __shared__ float scratch[32];
     const long long base = (long long)blockIdx.x * (long long)n;
     const float* dyr = dy + base;
@@ -123,7 +127,7 @@ extern "C" __global__ void af_softmax_grad_rows(const float* dy, const float* y,
     }
     s = af_block_sum(s, scratch);
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        outr[j] = __fmul_rn(__fsub_rn(dyr[j], s), yr[j]);
+        outr[j] = __fmul_rn(__fmul_rn(__fsub_rn(dyr[j], s), yr[j]), scale);
     }
 }
 
@@ -349,33 +353,47 @@ def _rows(x: Any) -> tuple[int, int]:
     return x.size // n, n
 
 
-def softmax(x: Any, out: Any) -> None:
-    """Softmax along the last axis of ``x`` into ``out`` (``kernels.softmax``)."""
+def softmax(x: Any, out: Any, scale: float = 1.0) -> None:
+    """Softmax along the last axis of ``x * scale`` into ``out`` (``kernels.softmax``; a
+    scale before it, see ``scaled_softmax``)."""
     _check("softmax", x.shape, (out, x.shape))
     rows, n = _rows(x)
     target = _target(out, (x,))
-    _launch("af_softmax_rows", (rows,), (row_threads(n),), (x, target, np.int32(n), np.int32(0)))
+    _launch(
+        "af_softmax_rows",
+        (rows,),
+        (row_threads(n),),
+        (x, target, np.int32(n), np.int32(0), np.float32(scale)),
+    )
     _finish(out, target)
 
 
-def causal_softmax(x: Any, out: Any) -> None:
-    """Softmax along the last axis of scores [..., s, s], query i (axis -2) seeing keys
-    j <= i only (``transformer_kernels.causal_softmax``)."""
+def causal_softmax(x: Any, out: Any, scale: float = 1.0) -> None:
+    """Softmax along the last axis of scores [..., s, s] times ``scale``, query i (axis -2)
+    seeing keys j <= i only (``transformer_kernels.causal_softmax``)."""
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"causal_softmax: needs scores [..., s, s], got shape {x.shape}")
     _check("causal_softmax", x.shape, (out, x.shape))
     rows, n = _rows(x)
     target = _target(out, (x,))
-    _launch("af_softmax_rows", (rows,), (row_threads(n),), (x, target, np.int32(n), np.int32(1)))
+    _launch(
+        "af_softmax_rows",
+        (rows,),
+        (row_threads(n),),
+        (x, target, np.int32(n), np.int32(1), np.float32(scale)),
+    )
     _finish(out, target)
 
 
-def softmax_grad(dy: Any, y: Any, out: Any) -> None:
-    """y * (dy - sum(dy * y)) along the last axis into ``out`` (``gradient_kernels.softmax_grad``)."""
+def softmax_grad(dy: Any, y: Any, out: Any, scale: float = 1.0) -> None:
+    """y * (dy - sum(dy * y)) * scale along the last axis into ``out``
+    (``gradient_kernels.softmax_grad``; a scale after it, see ``scaled_softmax_grad``)."""
     _check("softmax_grad", dy.shape, (y, dy.shape), (out, dy.shape))
     rows, n = _rows(dy)
     target = _target(out, (dy, y))
-    _launch("af_softmax_grad_rows", (rows,), (row_threads(n),), (dy, y, target, np.int32(n)))
+    _launch(
+        "af_softmax_grad_rows", (rows,), (row_threads(n),), (dy, y, target, np.int32(n), np.float32(scale))
+    )
     _finish(out, target)
 
 

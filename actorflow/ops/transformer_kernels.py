@@ -6,6 +6,7 @@ import numpy as np
 
 from ..arrays import namespace
 from . import cuda_habits, cuda_rows
+from .chain import chain
 from .kernels import softmax
 
 
@@ -113,3 +114,29 @@ def causal_softmax(ins, outs):
     xp = namespace(out)
     np.copyto(out, -np.inf, where=_future(xp, out.shape[-1], None if xp is np else out.device.id))
     softmax([out], [out], axis=-1)
+
+
+def scaled_softmax(ins, outs, parts):
+    """``parts``, a scale and then a softmax along the last axis (or ``causal_softmax``)
+    of its output, as one part of a chain (``compiler.chains.cuda_chains``): on a GPU, one
+    kernel that scales each element as it reads it, so the scaled scores (``outs[0]``,
+    which nothing else reads) are neither written nor read back; else the two parts."""
+    x, out = ins[0], outs[1]
+    factor, causal = parts[0][1]["factor"], parts[1][0] is causal_softmax
+    if not isinstance(x, np.ndarray) and cuda_rows.fits(x, -1, out):
+        (cuda_rows.causal_softmax if causal else cuda_rows.softmax)(x, out, factor)
+        return
+    chain(ins, outs, parts)
+
+
+def scaled_softmax_grad(ins, outs, parts):
+    """``parts``, a ``softmax_grad`` along the last axis and then a scale of its output,
+    as one part of a chain: on a GPU, one kernel that scales each result as it writes
+    it, so the unscaled gradient (``outs[0]``, which nothing else reads) is never
+    written; else the two parts."""
+    dy, y = ins
+    axis, factor = parts[0][1]["axis"], parts[1][1]["factor"]
+    if not isinstance(dy, np.ndarray) and cuda_rows.fits(dy, axis, y, outs[1]):
+        cuda_rows.softmax_grad(dy, y, outs[1], factor)
+        return
+    chain(ins, outs, parts)
