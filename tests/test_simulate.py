@@ -236,6 +236,46 @@ def test_a_plan_of_shape_only_parameters_is_the_plan_and_holds_no_values(name):
     )  # biases, gains
 
 
+@pytest.mark.parametrize(
+    "name, sets",
+    [
+        ("2x2", []),  # tensor parallel: all-reduces
+        (  # a data-parallel replica's gradients reduce-scattered, fused, its parameters gathered
+            "default",
+            [
+                "parallel.stages=[[cpu:0, cpu:1]]",
+                "parallel.data_parallel=2",
+                "train.optimizer.shard=true",
+                "train.optimizer.shard_threshold_kb=0",
+            ],
+        ),
+    ],
+)
+def test_a_collective_costs_what_the_compilers_ring_model_moves(name, sets):
+    """Each collective's act, over one level of links, is its ring's messages times alpha
+    plus the bytes the compiler's link model says it moves (``Collective.nbytes``, all
+    participants together) over the bandwidth: a fused all-reduce counts its members'
+    inputs once, a reduce-scatter its whole input, a gather its shard."""
+    config = load_config(f"configs/{name}.yaml", [*sets, "train.steps=1"])
+    plan = compile_config(config, ranks=1)
+    wiring = wire(plan, None, allocate=False)
+    alpha, bandwidth = 1e-3, 1e6
+    model = attrs.evolve(KNOWN, node=Link(alpha, bandwidth))
+    costs = unit_costs(plan, wiring, model)
+    of_actor = {a: c for c in plan.collectives for a in c.actors}
+    ops = set()
+    for unit, seconds in zip(wiring.units, costs):
+        if unit.actor.kind != "collective":
+            continue
+        coll = of_actor[unit.actor.id]
+        n = len(coll.actors)
+        rounds = 2 * (n - 1) if coll.op == "all_reduce" else n - 1
+        want = rounds * alpha + coll.nbytes / n / bandwidth
+        assert seconds == pytest.approx(want, rel=1e-9), (unit.actor.name, coll.op)
+        ops.add(coll.op)
+    assert ops, "the plan should hold collectives"
+
+
 def test_a_layout_is_one_replica_with_the_data_parallel_all_reduce_charged():
     config = load_config("configs/transformer.yaml", ["train.steps=2", "parallel.micro_batches=4"])
     replica, one = predict_layout(config, KNOWN, (1, 2, 2))

@@ -116,7 +116,7 @@ _RING_FACTOR = {
 }
 
 
-def ring_bytes(op: str, nbytes: int, devices: int) -> float:
+def ring_bytes(op: str, nbytes: float, devices: int) -> float:
     """What one participant of a ring implementation of ``op`` sends, ``nbytes`` being
     its input (all-reduce: 2(n-1)/n x bytes). One device moves nothing."""
     return _RING_FACTOR[op](devices) * nbytes if devices > 1 else 0.0

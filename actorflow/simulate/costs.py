@@ -35,6 +35,7 @@ import attrs
 import numpy as np
 
 from ..errors import ConfigError
+from ..ops.collective import ring_bytes
 from ..plan import Actor, Plan
 from ..plan_data import leaf_parts
 
@@ -106,7 +107,7 @@ class CostModel:
 
     def collective(self, op: str, nbytes: float, devices: Sequence[int], ranks: int = 1) -> float:
         """The faster of ring and tree for ``op`` over ``devices`` (indices; every
-        ``node_size`` consecutive ones share a node) of ``nbytes`` a participant, who
+        ``node_size`` consecutive ones share a node) of ``nbytes`` a participant's input, who
         are in ``ranks`` processes (within a node, between ranks, over ``transport``)."""
         nodes = len({d // self.node_size for d in devices})
         local = math.ceil(len(devices) / nodes)
@@ -164,16 +165,24 @@ def _three(value: Any) -> tuple[float, float, float]:
 
 
 def _flat(op: str, nbytes: float, n: int, link: Link) -> float:
-    """One level's collective of ``n`` participants: the ring (2(n-1) messages of S/n for an
-    all-reduce, n-1 for a gather or scatter) or, for an all-reduce, the tree (2 log2 n
-    messages of S), the faster."""
+    """One level's collective of ``n`` participants, ``nbytes`` one participant's input:
+    the ring (``ring_terms``) or, for an all-reduce, the tree (2 log2 n messages of the
+    whole input), the faster."""
     if n <= 1:
         return 0.0
-    rounds = n - 1 if op in ("all_gather", "reduce_scatter") else 2 * (n - 1)
-    ring = rounds * link.seconds(nbytes / n)
-    if rounds == n - 1:
+    rounds, moved = ring_terms(op, nbytes, n)
+    ring = rounds * link.alpha + moved / link.bandwidth
+    if op != "all_reduce":
         return ring
     return min(ring, 2 * math.ceil(math.log2(n)) * link.seconds(nbytes))
+
+
+def ring_terms(op: str, nbytes: float, n: int) -> tuple[int, float]:
+    """(messages, bytes) one participant of a ring ``op`` over ``n`` sends, ``nbytes`` its
+    input (``ops.collective.ring_bytes``, what the compiler's link model moves): an
+    all-reduce's 2(n-1) messages, a reduce-scatter's, gather's and all-to-all's n-1, a
+    broadcast's pipelined n-1."""
+    return (2 * (n - 1) if op == "all_reduce" else n - 1), ring_bytes(op, nbytes, n)
 
 
 def features(plan: Plan, actor: Actor) -> Features:

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..config import Config, parse_config
 from ..devices import device_order
-from ..plan import Plan
+from ..plan import Actor, Plan
 from ..runtime.replay import Program, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
@@ -40,7 +40,7 @@ from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
-from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, shipped
+from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
 
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
@@ -191,8 +191,7 @@ def unit_costs(
             )
             continue
         if actor.kind == "collective":
-            nbytes = sum(plan.registers[o].nbytes for o in actor.outputs)
-            op = "all_reduce" if actor.op.endswith("all_reduce") else actor.op
+            op, nbytes = _collective_input(plan, actor)
             members = [m.actor.device for m in unit.members]
             ranks = len({plan.rank_of(d) for d in members})
             costs.append(model.collective(op, nbytes, [place[d] for d in members], ranks))
@@ -331,15 +330,21 @@ def _host_times(trace: Trace, threads: dict[str, int]) -> tuple[float, float]:
     return launch, max(0.0, float(np.quantile(delays, 0.1)) - launch) if delays else 0.0
 
 
+def _collective_input(plan: Plan, actor: Actor) -> tuple[str, int]:
+    """(op, one participant's input bytes a call) of a collective actor, as the ring
+    formulas take them (a fused all-reduce an all-reduce of its members' inputs)."""
+    op = "all_reduce" if actor.op.endswith("all_reduce") else actor.op
+    data = (plan.registers[i.register] for i in actor.inputs)
+    return op, sum(r.nbytes for r in data if not r.control) // actor.calls
+
+
 def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link | None:
     """Within a node, alpha and bandwidth from the ring formula's rounds and bytes of the
     measured collectives (None without any)."""
     rows, times = [], []
     for u in wiring.units:
         if u.actor.kind == "collective" and u.id in measured:
-            n = len(u.members)
-            nbytes = sum(plan.registers[o].nbytes for o in u.actor.outputs)
-            rows.append((2 * (n - 1), 2 * (n - 1) * nbytes / n))
+            rows.append(ring_terms(*_collective_input(plan, u.actor), len(u.members)))
             times.append(measured[u.id])
     if not rows:
         return None
