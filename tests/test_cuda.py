@@ -573,3 +573,31 @@ def test_a_plan_too_large_for_the_gpu_is_a_device_error_before_anything_is_alloc
     fits_gpu(plan, devices, free=planned, total=2 * planned)
     with pytest.raises(DeviceError, match=r"cuda:0, cuda:1 take .* MiB .* free of .*: lower the quotas"):
         fits_gpu(plan, devices, free=planned - 1, total=2 * planned)
+
+
+def test_a_gpu_kernels_span_times_are_read_when_the_trace_is_read_not_when_the_run_ends():
+    """A traced GPU kernel's start and end (``GpuTime``) are its events' times from the
+    run's reference event, read (after waiting for the event) only when the recorder's
+    spans are read: a run that ends doesn't wait for them (on the CPU, with stand-ins for
+    CUDA's events)."""
+    from actorflow.runtime.cuda import GpuTime
+    from actorflow.trace.recorder import Recorder, Span
+
+    class Event:
+        def __init__(self, ms: float) -> None:
+            self.ms, self.waited = ms, False
+
+        def synchronize(self) -> None:
+            self.waited = True
+
+    def elapsed(mark: Event, event: Event) -> float:
+        assert event.waited, "an event's time is read after waiting for it"
+        return event.ms - mark.ms
+
+    mark, begun, ended = Event(0.0), Event(2.0), Event(5.5)
+    recorder = Recorder(enabled=True)
+    times = GpuTime(mark, 10.0, begun, elapsed), GpuTime(mark, 10.0, ended, elapsed)
+    recorder.record(0, lambda a, b: Span("cuda:0", "compute", "k", "compute", float(a), float(b), {}), *times)
+    assert not begun.waited and not ended.waited
+    (span,) = recorder.spans
+    assert (span.start, span.end) == (10.002, 10.0055)

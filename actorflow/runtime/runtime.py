@@ -103,7 +103,6 @@ class Runtime:
         self._actor_log = ActorLog(plan) if "actors" in debug_flags() else None
         self._wiring: Wiring | None = None
         self._gpus: Gpus | None = None  # where this rank has cuda devices
-        self._gpu_timed: list[tuple] = []  # traced GPU kernels of this run: (unit, number, events, acts)
         self._drivers: dict[int, Driver] = {}  # by plan stream id, where the drivers run it
         self._replay: Programs | None = None  # where it is replayed
         self._watchdog: Watchdog | None = None
@@ -267,18 +266,8 @@ class Runtime:
             finally:
                 watchdog.running = False
             self.raise_if_failed()
-            if self._gpu_timed:
-                self._gpu_spans()
             results = [assemble(self.plan.logical, "output", r) for r in self._results]
             return results[0] if single else results
-
-    def _gpu_spans(self) -> None:
-        """Record the spans of this run's traced GPU kernels (``cuda.Gpus.prepare``)."""
-        assert self._gpus is not None and self._spans is not None, "traced on a GPU"
-        seconds = self._gpus.seconds
-        for unit, number, start, end, acts in self._gpu_timed:
-            self._spans.record(self.recorder, unit, number, seconds(start), seconds(end), acts)
-        self._gpu_timed.clear()
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
 
@@ -296,8 +285,9 @@ class Runtime:
             self._results[last_micro_batch(number, actor.every) - self._base][unit.fetch] = result
         if self._spans is not None:  # tracing
             gpus = self._gpus
-            if gpus is not None and gpus.on_gpu(unit.stream):  # timed on the GPU, read at the end
-                self._gpu_timed.append((unit, number, *gpus.timing[unit.stream], acts))
+            if gpus is not None and gpus.on_gpu(unit.stream):  # timed on the GPU, read when spans are
+                begun, ended = gpus.timing[unit.stream]
+                self._spans.record(self.recorder, unit, number, gpus.time(begun), gpus.time(ended), acts)
             else:
                 self._spans.record(self.recorder, unit, number, start, end, acts)
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, SupportsFloat
 
 from ..plan import Actor, Plan
 from ..plan_check import transfer_peers
@@ -19,17 +19,30 @@ class SpanMaker:
         self._peers = transfer_peers(plan)
 
     def record(
-        self, recorder: Recorder, unit: Unit, act: int, start: float, end: float, acts: list[Act]
+        self,
+        recorder: Recorder,
+        unit: Unit,
+        act: int,
+        start: SupportsFloat,
+        end: SupportsFloat,
+        acts: list[Act],
     ) -> None:
         """Hand ``recorder`` the span of ``unit``'s act ``act`` (its members' ``acts``),
-        made when spans are read: of a run's kernel, or of a simulated one."""
+        made when spans are read: of a run's kernel, or of a simulated one. ``start`` and
+        ``end`` are read as floats then (a GPU kernel's, ``cuda.GpuTime``)."""
         actor = unit.actor
         step = act // actor.calls * actor.every // self.plan.micro_batches
         register = acts[0].outputs[0] if acts[0].outputs else None
         recorder.record(step, self, unit, act, step, start, end, register)
 
     def __call__(
-        self, unit: Unit, act: int, iteration: int, start: float, end: float, register: int | None
+        self,
+        unit: Unit,
+        act: int,
+        iteration: int,
+        start: SupportsFloat,
+        end: SupportsFloat,
+        register: int | None,
     ) -> Span:
         """A kernel's span: ``iteration`` (the step), micro-batch, buffer written, stage,
         rank, phase and the producer acts it read, for flow arrows."""
@@ -56,7 +69,7 @@ class SpanMaker:
         ]
         if actor.kind == "recv":  # its act n receives the send's act n, on another rank
             args["inputs"].append([self._peers[actor.id].name, act])
-        return Span(stream.device, stream.name, unit.name, actor.kind, start, end, args)
+        return Span(stream.device, stream.name, unit.name, actor.kind, float(start), float(end), args)
 
     def _producer_act(self, actor: Actor, slot: int, spec: InputSpec, micro_batch: int) -> int:
         """The act of ``spec``'s producer that made what input ``slot`` of ``actor`` read at
