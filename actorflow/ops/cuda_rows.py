@@ -13,6 +13,12 @@ are summed; ``1 / sqrt(var + eps)``; exp(x - max) / sum; float32 throughout, eac
 product and sum rounded on its own), so a result differs from the host's by summation
 order only.
 
+``column_sums`` is ``gradient_kernels.sum_to``'s where the summed axes are x's leading ones
+(a bias's gradient: x [tokens, n] summed into [n]; CuPy's reduction took 2.55 ms of the
+transformer benchmark's step for them, PyTorch 0.46 ms): the layer norm gradient's
+two-phase column sums, of x itself (``COLUMN_SOURCE``, apart from ``SOURCE`` and its
+``KERNELS``).
+
 ``fits`` says whether an array and its axis take this path (float32, C-contiguous, on a
 GPU, not empty, the axis its last); the kernels in ``kernels``, ``gradient_kernels`` and
 ``transformer_kernels`` ask it first and keep their numpy code for everything else. Each
@@ -27,6 +33,7 @@ module imports without it.
 from __future__ import annotations
 
 import importlib
+import math
 import sys
 from typing import Any
 
@@ -255,6 +262,49 @@ extern "C" __global__ void af_layer_norm_grad_params(const float* partial, float
 }
 """
 
+COLUMN_SOURCE = r"""
+// Sums of x, rows by n, over a chunk of rows per column, into partial[chunk][c], chunk =
+// blockIdx.y of gridDim.y: af_layer_norm_grad_columns' layout (a block of 256 threads
+// takes 32 columns, lane l column 32 blockIdx.x + l, so a warp reads 32 neighbouring floats
+// of a row; its 8 warps every 8th row of the chunk, then warp 0 adds the warps' sums).
+extern "C" __global__ void af_column_sums(const float* x, float* partial, const long long rows, const int n,
+                                          const long long rows_per_chunk) {
+    __shared__ float sums[8][32];
+    const unsigned int lane = threadIdx.x & 31u;
+    const unsigned int warp = threadIdx.x >> 5;
+    const int c = (int)(blockIdx.x * 32u + lane);
+    const long long start = (long long)blockIdx.y * rows_per_chunk;
+    const long long end = start + rows_per_chunk < rows ? start + rows_per_chunk : rows;
+    float s = 0.0f;
+    if (c < n) {
+        for (long long r = start + warp; r < end; r += 8) {
+            s = __fadd_rn(s, x[r * (long long)n + c]);
+        }
+    }
+    sums[warp][lane] = s;
+    __syncthreads();
+    if (warp == 0u && c < n) {
+        for (int k = 1; k < 8; ++k) {
+            s = __fadd_rn(s, sums[k][lane]);
+        }
+        partial[(long long)blockIdx.y * n + c] = s;
+    }
+}
+
+// out[c]: the chunks' partial sums of column c, in chunk order.
+extern "C" __global__ void af_column_sums_chunks(const float* partial, float* out, const int n, const int chunks) {
+    const long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= n) {
+        return;
+    }
+    float s = 0.0f;
+    for (int k = 0; k < chunks; ++k) {
+        s = __fadd_rn(s, partial[(long long)k * n + c]);
+    }
+    out[c] = s;
+}
+"""
+
 KERNELS = (
     "af_softmax_rows",
     "af_softmax_grad_rows",
@@ -264,12 +314,15 @@ KERNELS = (
     "af_layer_norm_grad_params",
 )
 
+COLUMN_KERNELS = ("af_column_sums", "af_column_sums_chunks")
+
 MAX_THREADS = 1024
 """A row block's most threads (the block reductions' 32 floats of shared memory hold
 the sums of up to 32 warps)."""
 
 COLUMN_THREADS = 256
-"""``af_layer_norm_grad_columns``' block: 32 columns by 8 warps (its shared arrays)."""
+"""``af_layer_norm_grad_columns``' and ``af_column_sums``' block: 32 columns by 8 warps
+(their shared arrays)."""
 
 COLUMN_BLOCKS = 1024
 """About how many blocks the column sums are spread over (chunks of rows by groups of 32
@@ -302,11 +355,38 @@ def fits(x: Any, axis: int, *arrays: Any) -> bool:
     )
 
 
+def leading_columns(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """x of ``shape`` summed down to ``out_shape`` as ``sum_to`` sums it (the inverse of
+    numpy's broadcasting) when that is a column sum: (rows, n), x read as rows of n summed
+    over its rows, where the summed axes are leading ones (``out_shape`` is x's trailing
+    shape, after any 1s); None where an axis after a kept one is summed, or none is."""
+    if len(out_shape) > len(shape):
+        return None
+    lead = len(shape) - len(out_shape)
+    full = (1,) * lead + tuple(out_shape)
+    k = max([lead] + [i + 1 for i, (a, b) in enumerate(zip(shape, full)) if a != b])
+    if k == 0 or any(b != 1 for b in full[:k]):
+        return None
+    return math.prod(shape[:k]), math.prod(shape[k:])
+
+
+def fits_column_sums(x: Any, out: Any) -> bool:
+    """Whether ``sum_to`` of ``x`` into ``out`` takes ``column_sums``: both float32,
+    C-contiguous CuPy arrays (``fits``), x not empty, the summed axes its leading ones
+    (``leading_columns``), a row's n columns within the kernels' int32 indices."""
+    if not fits(x, -1, out):
+        return False
+    layout = leading_columns(x.shape, out.shape)
+    return layout is not None and layout[1] + MAX_THREADS <= INT32_MAX
+
+
 def _launch(name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
-    """Launch kernel ``name`` of ``SOURCE`` on the current CUDA stream (compiled once per
-    GPU by CuPy, and cached)."""
+    """Launch kernel ``name`` of ``SOURCE`` or ``COLUMN_SOURCE`` on the current CUDA stream
+    (each source compiled once per GPU by CuPy, and cached)."""
     _kernel(name)(grid, block, args)
 
+
+_SOURCES = dict.fromkeys(KERNELS, SOURCE) | dict.fromkeys(COLUMN_KERNELS, COLUMN_SOURCE)
 
 _COMPILED: dict[str, Any] = {}
 
@@ -315,7 +395,7 @@ def _kernel(name: str) -> Any:
     kernel = _COMPILED.get(name)
     if kernel is None:
         cupy = importlib.import_module("cupy")
-        kernel = _COMPILED[name] = cupy.RawKernel(SOURCE, name)
+        kernel = _COMPILED[name] = cupy.RawKernel(_SOURCES[name], name)
     return kernel
 
 
@@ -451,3 +531,28 @@ def layer_norm_grad(dy: Any, x: Any, gamma: Any, dx: Any, dgamma: Any, dbeta: An
     _finish(dx, target)
     _finish(dgamma, params[0])
     _finish(dbeta, params[1])
+
+
+def column_sums(x: Any, out: Any) -> None:
+    """x summed over its leading axes into ``out`` (``gradient_kernels.sum_to`` where
+    ``leading_columns`` says so): each chunk of rows (``column_chunks``) summed per column,
+    then the chunks; a single chunk is written straight into ``out``, unless out overlaps
+    x (the first kernel reads x while it writes; the second reads its chunks only)."""
+    layout = leading_columns(x.shape, out.shape)
+    if layout is None:
+        raise ValueError(f"column_sums: {out.shape} is not x's trailing shape {x.shape}")
+    rows, n = layout
+    per_chunk, chunks = column_chunks(rows, n)
+    xp = namespace(x)
+    direct = chunks == 1 and not xp.may_share_memory(out, x)
+    partial = out if direct else xp.empty(chunks * n, np.float32)
+    _launch(
+        "af_column_sums",
+        (-(-n // 32), chunks),
+        (COLUMN_THREADS,),
+        (x, partial, np.int64(rows), np.int32(n), np.int64(per_chunk)),
+    )
+    if not direct:
+        _launch(
+            "af_column_sums_chunks", (-(-n // 256),), (256,), (partial, out, np.int32(n), np.int32(chunks))
+        )
