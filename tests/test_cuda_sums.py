@@ -131,7 +131,8 @@ def test_fits_column_sums(monkeypatch):
     device = FakeDeviceArray
     assert cuda_rows.fits_column_sums(device(x), device(out))
     assert cuda_rows.fits_column_sums(device(x), device(out.reshape(1, 40)))
-    assert cuda_rows.fits_column_sums(device(np.zeros((6, 1), np.float32)), device(np.zeros((), np.float32)))
+    narrow = device(np.zeros((6, 31), np.float32)), device(np.zeros(31, np.float32))
+    assert not cuda_rows.fits_column_sums(*narrow)  # under a warp's columns: CuPy's reduction
     assert not cuda_rows.fits_column_sums(device(x), out)  # an output on the host
     assert not cuda_rows.fits_column_sums(device(x), device(np.zeros((6, 1), np.float32)))
     assert not cuda_rows.fits_column_sums(device(x), device(x))  # nothing summed
@@ -296,11 +297,12 @@ def test_column_sums_on_the_gpu(launches, x_shape, out_shape):
     rng = rng_for("gpu sums", x_shape, out_shape)
     x = integers(rng, x_shape)
     np.testing.assert_array_equal(sum_on_gpu(x, out_shape), numpy_sums(x, out_shape))
-    assert launches == kernels_for(rows, n)
+    path = kernels_for(rows, n) if n >= 32 else []  # narrower: CuPy's reduction
+    assert launches == path
     for scale, offset in [(1.0, 0.0), (3.0, -2.0), (1e30, 0.0), (1.0, 1e4)]:
         x = (values(rng, x_shape) * np.float32(scale) + np.float32(offset)).astype(np.float32)
         close_sums(sum_on_gpu(x, out_shape), x, f"{x_shape} -> {out_shape} scale {scale} offset {offset}")
-    assert launches == kernels_for(rows, n) * 5
+    assert launches == path * 5
 
 
 @gpu

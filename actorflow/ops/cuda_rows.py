@@ -373,11 +373,13 @@ def leading_columns(shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple
 def fits_column_sums(x: Any, out: Any) -> bool:
     """Whether ``sum_to`` of ``x`` into ``out`` takes ``column_sums``: both float32,
     C-contiguous CuPy arrays (``fits``), x not empty, the summed axes its leading ones
-    (``leading_columns``), a row's n columns within the kernels' int32 indices."""
+    (``leading_columns``), a row's n columns at least a warp's 32 (fewer leave most of
+    each block's threads idle on long rows: CuPy's reduction does better) and within the
+    kernels' int32 indices."""
     if not fits(x, -1, out):
         return False
     layout = leading_columns(x.shape, out.shape)
-    return layout is not None and layout[1] + MAX_THREADS <= INT32_MAX
+    return layout is not None and 32 <= layout[1] <= INT32_MAX - MAX_THREADS
 
 
 def _launch(name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
