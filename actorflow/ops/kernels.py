@@ -17,14 +17,19 @@ import numpy as np
 
 from ..arrays import copy_into, namespace, to_host_soon
 from ..errors import KernelError
-from . import cuda_rows
+from . import cuda_matmul, cuda_rows
 
 
 def matmul(ins, outs, transpose_a=False, transpose_b=False):
-    """a @ b, either operand read transposed (a view: BLAS takes it as it is, no copy)."""
+    """a @ b, either operand read transposed (a view: BLAS takes it as it is, no copy; on
+    a GPU, a batched product through ``cuda_matmul``, which cupy.matmul would copy)."""
     a = ins[0].swapaxes(-1, -2) if transpose_a else ins[0]
     b = ins[1].swapaxes(-1, -2) if transpose_b else ins[1]
-    namespace(a).matmul(a, b, out=outs[0])
+    plan = None if isinstance(a, np.ndarray) else cuda_matmul.fits(a, b, outs[0])
+    if plan is not None:
+        cuda_matmul.matmul(a, b, outs[0], plan)
+    else:
+        namespace(a).matmul(a, b, out=outs[0])
 
 
 def add(ins, outs):
