@@ -106,7 +106,7 @@ def _forward(config: Config, stages: list, rows: int, ids, labels, param) -> Any
         p = {name: param(f"h{k}.{name}", stage, TENSOR_PARALLEL.get(name, B)) for name in _BLOCK}
         a = ops.layer_norm(h, p["ln1.gamma"], p["ln1.beta"])
         q, kk, v = (split_heads(ops.matmul(a, p[w])) for w in ("wq", "wk", "wv"))
-        scores = ops.scale(ops.matmul(q, ops.transpose(kk, (0, 1, 3, 2))), 1 / math.sqrt(d // heads))
+        scores = ops.scale(ops.matmul(q, kk, transpose_b=True), 1 / math.sqrt(d // heads))
         attended = ops.matmul(ops.causal_softmax(scores), v)
         merged = ops.reshape(ops.transpose(attended, (0, 2, 1, 3)), (rows * seq, d))
         h = ops.add(h, ops.bias_add(ops.matmul(merged, p["wo"]), p["bo"]))
