@@ -16,6 +16,7 @@ kernel on the host's copy, written into the preallocated output, and what does n
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 import shutil
 import subprocess
@@ -324,6 +325,25 @@ def test_causal_softmax_on_the_host(on_host, s, lead):
     want = host_causal(x)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     assert (out[..., np.triu_indices(s, 1)[0], np.triu_indices(s, 1)[1]] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("s", [1, 7, 64])
+def test_a_scale_inside_the_softmax_kernels_rounds_as_a_scale_kernel_on_the_host(on_host, causal, s):
+    """``scale`` multiplies each element as the softmax reads it, and each gradient as
+    softmax_grad writes it: the same bits as the float32 multiply before (after) them."""
+    rng = rng_for("scaled", s, causal)
+    x = values(rng, (2, s, s))
+    factor = np.float32(1 / math.sqrt(s + 2))
+    run = cuda_rows.causal_softmax if causal else cuda_rows.softmax
+    fused, plain = np.full_like(x, np.nan), np.full_like(x, np.nan)
+    run(x, fused, float(factor))
+    run(x * factor, plain)
+    np.testing.assert_array_equal(fused, plain)
+    dy, y = values(rng, x.shape, 1.0), probabilities(rng, x.shape)
+    cuda_rows.softmax_grad(dy, y, fused, float(factor))
+    cuda_rows.softmax_grad(dy, y, plain)
+    np.testing.assert_array_equal(fused, plain * factor)
 
 
 def special_rows(n: int) -> np.ndarray:
