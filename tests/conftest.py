@@ -1,4 +1,5 @@
-"""The suite's three hooks, all about its wall time on few cores.
+"""The suite's three hooks, all about its wall time on few cores, and one fixture that
+two GPU test files share (``launches``).
 
 The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
 collected first, so that their worker is busy with them from the start while the others
@@ -29,3 +30,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (os.cpu_count() or 1) + 1
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the kernels ``ops.cuda_rows`` launched (each still launched): the GPU
+    tests of its row and column kernels."""
+    from actorflow.ops import cuda_rows
+
+    names: list[str] = []
+    launch = cuda_rows._launch
+
+    def counted(name, grid, block, args):
+        names.append(name)
+        launch(name, grid, block, args)
+
+    monkeypatch.setattr(cuda_rows, "_launch", counted)
+    return names

@@ -458,9 +458,10 @@ def test_fits_refuses_numpy_other_dtypes_axes_and_strides(monkeypatch):
     assert cuda_rows.fits(device(np.zeros(5, np.float32)), 0)
 
 
-def test_the_module_imports_without_cupy():
+@pytest.mark.parametrize("module", ["actorflow.ops.cuda_rows", "actorflow.ops.cuda_matmul"])
+def test_the_module_imports_without_cupy(module):
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.modules['cupy'] = None; import actorflow.ops.cuda_rows"],
+        [sys.executable, "-c", f"import sys; sys.modules['cupy'] = None; import {module}"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -492,20 +493,6 @@ def cupy():
     import cupy
 
     return cupy
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """The names of the fused kernels launched (each still launched)."""
-    names: list[str] = []
-    launch = cuda_rows._launch
-
-    def counted(name, grid, block, args):
-        names.append(name)
-        launch(name, grid, block, args)
-
-    monkeypatch.setattr(cuda_rows, "_launch", counted)
-    return names
 
 
 def on_gpu(a):

@@ -27,7 +27,16 @@ import pytest
 
 from actorflow.ops import cuda_rows
 from actorflow.ops import gradient_kernels as grads
-from test_cuda_rows import SHIM, FakeDeviceArray, Simulator, gpu, host_compiler, rng_for, values
+from test_cuda_rows import (
+    SHIM,
+    FakeDeviceArray,
+    Simulator,
+    cupy,
+    gpu,
+    host_compiler,
+    rng_for,
+    values,
+)
 
 COLUMN_SUMS = [
     ((1, 1), (1,)),
@@ -261,26 +270,6 @@ def test_the_column_source_compiles_with_nvcc(tmp_path):
 
 
 # -- on a GPU ---------------------------------------------------------------------------
-
-
-def cupy():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """The names of the kernels ``cuda_rows`` launched (each still launched)."""
-    names: list[str] = []
-    launch = cuda_rows._launch
-
-    def counted(name, grid, block, args):
-        names.append(name)
-        launch(name, grid, block, args)
-
-    monkeypatch.setattr(cuda_rows, "_launch", counted)
-    return names
 
 
 def sum_on_gpu(x: np.ndarray, out_shape, dtype=np.float32):
