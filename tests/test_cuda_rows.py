@@ -183,10 +183,10 @@ template <class F> static void af_run(unsigned gx, unsigned gy, unsigned bx, F b
 """
 
 
-def kernel_signatures() -> dict[str, list[str]]:
-    """Each ``extern "C" __global__`` kernel of the source: its parameters' C types."""
+def kernel_signatures(source: str) -> dict[str, list[str]]:
+    """Each ``extern "C" __global__`` kernel of ``source``: its parameters' C types."""
     found = {}
-    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', cuda_rows.SOURCE):
+    for name, params in re.findall(r'extern "C" __global__ void (\w+)\(([^)]*)\)', source):
         found[name] = [" ".join(p.split()[:-1]).replace("const ", "") for p in params.split(",")]
     return found
 
@@ -198,7 +198,7 @@ SCALARS = {
 }
 
 
-def host_program(signatures) -> str:
+def host_program(source: str, signatures) -> str:
     runners = []
     for name, types_ in signatures.items():
         params = ", ".join(f"{t} a{k}" for k, t in enumerate(types_))
@@ -207,25 +207,24 @@ def host_program(signatures) -> str:
             f'extern "C" void run_{name}(unsigned gx, unsigned gy, unsigned bx, {params}) {{\n'
             f"    af_run(gx, gy, bx, [=] {{ {name}({args}); }});\n}}\n"
         )
-    return SHIM + cuda_rows.SOURCE + "\n".join(runners)
+    return SHIM + source + "\n".join(runners)
 
 
 def host_compiler() -> str | None:
     return shutil.which("g++") or shutil.which("clang++")
 
 
-@pytest.fixture(scope="module")
-def simulator(tmp_path_factory):
-    """The CUDA source compiled for the host: a ``launch`` standing in for ``cuda_rows._launch``."""
+def host_simulator(where, source: str, kernels: tuple[str, ...]) -> Simulator:
+    """CUDA ``source`` compiled for the host in folder ``where``: a ``launch`` standing in
+    for ``cuda_rows._launch`` (skips the test where no C++20 compiler is found)."""
     if host_compiler() is None:
         pytest.skip("no C++ compiler found")
-    signatures = kernel_signatures()
-    assert sorted(signatures) == sorted(cuda_rows.KERNELS)
-    where = tmp_path_factory.mktemp("rows")
-    (where / "rows.cpp").write_text(host_program(signatures))
+    signatures = kernel_signatures(source)
+    assert sorted(signatures) == sorted(kernels)
+    (where / "kernels.cpp").write_text(host_program(source, signatures))
     done = subprocess.run(
         [host_compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-shared", "-fPIC"]
-        + ["-o", str(where / "rows.so"), str(where / "rows.cpp")],
+        + ["-o", str(where / "kernels.so"), str(where / "kernels.cpp")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -233,8 +232,13 @@ def simulator(tmp_path_factory):
     if done.returncode != 0 and "barrier" in done.stderr:
         pytest.skip(f"the host C++ compiler lacks C++20's std::barrier: {done.stderr[:300]}")
     assert done.returncode == 0, done.stderr
-    library = ctypes.CDLL(str(where / "rows.so"))
-    return Simulator(library, signatures)
+    return Simulator(ctypes.CDLL(str(where / "kernels.so")), signatures)
+
+
+@pytest.fixture(scope="module")
+def simulator(tmp_path_factory):
+    """The CUDA source compiled for the host: a ``launch`` standing in for ``cuda_rows._launch``."""
+    return host_simulator(tmp_path_factory.mktemp("rows"), cuda_rows.SOURCE, cuda_rows.KERNELS)
 
 
 GUARD = 2048
@@ -470,9 +474,16 @@ def test_the_module_imports_without_cupy(module):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_the_cuda_source_compiles_with_nvcc(tmp_path):
+@pytest.mark.parametrize(
+    "source, kernels, instructions",
+    [
+        ("SOURCE", "KERNELS", ["shfl.sync.bfly.b32", "bar.sync"]),  # warp shuffles, block barriers
+        ("COLUMN_SOURCE", "COLUMN_KERNELS", ["bar.sync"]),
+    ],
+)
+def test_the_cuda_source_compiles_with_nvcc(tmp_path, source, kernels, instructions):
     """What a GPU would compile (CuPy compiles it with NVRTC, which takes the same CUDA C++)."""
-    (tmp_path / "rows.cu").write_text(cuda_rows.SOURCE)
+    (tmp_path / "rows.cu").write_text(getattr(cuda_rows, source))
     done = subprocess.run(
         ["nvcc", "-ptx", "-arch=sm_90", "-o", str(tmp_path / "rows.ptx"), str(tmp_path / "rows.cu")],
         capture_output=True,
@@ -481,9 +492,9 @@ def test_the_cuda_source_compiles_with_nvcc(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     ptx = (tmp_path / "rows.ptx").read_text()
-    for name in cuda_rows.KERNELS:
+    for name in getattr(cuda_rows, kernels):
         assert f".entry {name}(" in ptx
-    assert "shfl.sync.bfly.b32" in ptx and "bar.sync" in ptx
+    assert all(instruction in ptx for instruction in instructions)
 
 
 # -- on a GPU ---------------------------------------------------------------------------

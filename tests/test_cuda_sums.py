@@ -14,11 +14,8 @@ inside its input; and what does not fit still computed by CuPy's ``sum``.
 
 from __future__ import annotations
 
-import ctypes
 import math
 import re
-import shutil
-import subprocess
 import sys
 import types
 
@@ -28,12 +25,10 @@ import pytest
 from actorflow.ops import cuda_rows
 from actorflow.ops import gradient_kernels as grads
 from test_cuda_rows import (
-    SHIM,
     FakeDeviceArray,
-    Simulator,
     cupy,
     gpu,
-    host_compiler,
+    host_simulator,
     rng_for,
     values,
 )
@@ -174,35 +169,7 @@ def test_the_column_kernels_are_the_column_sources():
 def simulator(tmp_path_factory):
     """``COLUMN_SOURCE`` compiled for the host (``test_cuda_rows``' shim): a stand-in for
     ``cuda_rows._launch``."""
-    if host_compiler() is None:
-        pytest.skip("no C++ compiler found")
-    signatures = {
-        name: [" ".join(p.split()[:-1]).replace("const ", "") for p in params.split(",")]
-        for name, params in re.findall(
-            r'extern "C" __global__ void (\w+)\(([^)]*)\)', cuda_rows.COLUMN_SOURCE
-        )
-    }
-    runners = []
-    for name, types_ in signatures.items():
-        params = ", ".join(f"{t} a{k}" for k, t in enumerate(types_))
-        args = ", ".join(f"a{k}" for k in range(len(types_)))
-        runners.append(
-            f'extern "C" void run_{name}(unsigned gx, unsigned gy, unsigned bx, {params}) {{\n'
-            f"    af_run(gx, gy, bx, [=] {{ {name}({args}); }});\n}}\n"
-        )
-    where = tmp_path_factory.mktemp("sums")
-    (where / "sums.cpp").write_text(SHIM + cuda_rows.COLUMN_SOURCE + "\n".join(runners))
-    done = subprocess.run(
-        [host_compiler(), "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "-shared", "-fPIC"]
-        + ["-o", str(where / "sums.so"), str(where / "sums.cpp")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0 and "barrier" in done.stderr:
-        pytest.skip(f"the host C++ compiler lacks C++20's std::barrier: {done.stderr[:300]}")
-    assert done.returncode == 0, done.stderr
-    return Simulator(ctypes.CDLL(str(where / "sums.so")), signatures)
+    return host_simulator(tmp_path_factory.mktemp("sums"), cuda_rows.COLUMN_SOURCE, cuda_rows.COLUMN_KERNELS)
 
 
 @pytest.fixture
@@ -250,23 +217,6 @@ def test_an_output_inside_its_input_on_the_host(on_host):
 def test_column_sums_refuses_other_sums():
     with pytest.raises(ValueError, match="trailing shape"):
         cuda_rows.column_sums(np.zeros((4, 5), np.float32), np.zeros((4, 1), np.float32))
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
-def test_the_column_source_compiles_with_nvcc(tmp_path):
-    """What a GPU would compile (CuPy compiles it with NVRTC, which takes the same CUDA C++)."""
-    (tmp_path / "sums.cu").write_text(cuda_rows.COLUMN_SOURCE)
-    done = subprocess.run(
-        ["nvcc", "-ptx", "-arch=sm_90", "-o", str(tmp_path / "sums.ptx"), str(tmp_path / "sums.cu")],
-        capture_output=True,
-        text=True,
-        timeout=170,
-    )
-    assert done.returncode == 0, done.stderr
-    ptx = (tmp_path / "sums.ptx").read_text()
-    for name in cuda_rows.COLUMN_KERNELS:
-        assert f".entry {name}(" in ptx
-    assert "bar.sync" in ptx
 
 
 # -- on a GPU ---------------------------------------------------------------------------
