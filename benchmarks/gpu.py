@@ -59,15 +59,24 @@ same process; the GPU's name and the parameters are printed with the tables.
 (d) benchmarks/gpu_habits.py's measurements (each kernel habit against its plain
     version), called as they are.
 
-Needs CuPy and a GPU (pip install 'actorflow[cuda]'), and torch for (c); without a GPU it
-says so and exits. --quick shrinks every part for a smoke run.
+(e) Where (c)'s step spends its GPU time, both sides (not run unless asked: --only e):
+    torch.profiler's CUDA activity (CUPTI, which sees CuPy's kernels as well as torch's)
+    of two runs of each side, of --profile-steps and of 2 steps, every kernel's time
+    summed by name; their difference over the steps between is a step's, without what a
+    run does once (uploading the parameters, allocating the registers, reading the
+    parameters back). Printed: each side's GPU time a step and kernels a step, and the
+    --profile-rows kernels that take the most.
 
-Run: python benchmarks/gpu.py [--repeats 3] [--quick] [--only a b c d]
+Needs CuPy and a GPU (pip install 'actorflow[cuda]'), and torch for (c) and (e); without a
+GPU it says so and exits. --quick shrinks every part for a smoke run.
+
+Run: python benchmarks/gpu.py [--repeats 3] [--quick] [--only a b c d e]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import gc
 import math
@@ -568,6 +577,75 @@ def section_c(args: argparse.Namespace, cp: Any) -> None:
             print(f"(c) |loss difference| per step: {', '.join(f'{v:.1e}' for v in found.differences())}")
 
 
+# -- (e) where (c)'s step spends its GPU time -------------------------------------------
+
+
+def kernel_seconds(run: Callable[[], Any]) -> dict[str, tuple[float, int]]:
+    """Per kernel name, the GPU seconds and launches of everything ``run`` queues (CUPTI:
+    CuPy's kernels, cuBLAS' and torch's alike), as (seconds, count) pairs summed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as found:
+        run()
+        torch.cuda.synchronize()
+    times: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    for event in found.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            times[event.name] += event.time_range.elapsed_us() / 1e6
+            counts[event.name] += 1
+    return {name: (times[name], counts[name]) for name in times}
+
+
+def per_step(run: Callable[[int], Any], steps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per kernel name, seconds and launches a step: runs of ``steps`` and of 2 steps
+    (after one to warm up), their difference over the steps between."""
+    run(2)
+    short, long = kernel_seconds(lambda: run(2)), kernel_seconds(lambda: run(steps))
+    seconds = {k: (long[k][0] - short.get(k, (0.0, 0))[0]) / (steps - 2) for k in long}
+    launches = {k: (long[k][1] - short.get(k, (0.0, 0))[1]) / (steps - 2) for k in long}
+    return seconds, launches
+
+
+def section_e(args: argparse.Namespace) -> None:
+    try:
+        import torch
+    except ImportError:
+        print("(e) skipped: PyTorch is not installed (pip install 'actorflow[bench]')")
+        return
+    if not torch.cuda.is_available():
+        print(f"(e) skipped: torch {torch.__version__} sees no CUDA GPU")
+        return
+    from actorflow.training import initial_parameters, train
+    from actorflow.training.data import dataset
+
+    steps = max(3, args.profile_steps)
+    config = transformer_config(args, DEVICES[0], steps)
+    data, initial = dataset(config), initial_parameters(config)
+
+    def ours(n: int) -> None:
+        train(transformer_config(args, DEVICES[0], n))
+
+    def theirs(n: int) -> None:
+        torch_transformer(transformer_config(args, DEVICES[0], n), data, initial, TORCH_DEVICE, 1)
+
+    print(
+        f"(e) (c)'s model: GPU time a step by kernel (CUPTI), runs of {steps} and of 2 steps, "
+        f"the difference over {steps - 2} steps",
+        flush=True,
+    )
+    for side, run in (("torch eager", theirs), ("actorflow", ours)):
+        seconds, launches = per_step(run, steps)
+        total, count = sum(seconds.values()), sum(launches.values())
+        rows = [
+            ("ms a step", "launches", f"kernel ({side}: {total * 1e3:.2f} ms, {count:.0f} launches a step)")
+        ]
+        for name in sorted(seconds, key=lambda k: -seconds[k])[: args.profile_rows]:
+            rows.append((f"{seconds[name] * 1e3:.3f}", f"{launches[name]:.1f}", name[:110]))
+        print("\n".join(columns(rows)), flush=True)
+
+
 # -- (d) the kernel habits -----------------------------------------------------------
 
 
@@ -622,7 +700,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="write Chrome traces there: (b)'s four schedules over the emulated link, (c)'s first actorflow run",
     )
     p.add_argument(
-        "--only", nargs="+", choices=list("abcd"), default=list("abcd"), help="the parts to run (default all)"
+        "--only",
+        nargs="+",
+        choices=list("abcde"),
+        default=list("abcd"),
+        help="the parts to run (default a b c d: the issue's; e profiles (c))",
     )
     a = p.add_argument_group("(a) host cost per act")
     a.add_argument("--chain", type=int, default=64, help="element-wise ops in the chain (default 64)")
@@ -652,6 +734,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--batch", type=int, default=8, help="sequences a step (default 8)")
     c.add_argument("--train-steps", type=int, default=8, help="timed steps a run (default 8)")
     c.add_argument("--warm-steps", type=int, default=2, help="untimed steps first (default 2)")
+    e = p.add_argument_group("(e) (c)'s profile")
+    e.add_argument("--profile-steps", type=int, default=6, help="steps of the longer run (default 6)")
+    e.add_argument("--profile-rows", type=int, default=25, help="kernels listed a side (default 25)")
     args = p.parse_args(argv)
     if args.quick:  # what the command line left at its default
         for name, value in QUICK.items():
@@ -701,6 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         "b": ("(b) compute/communication overlap", lambda: section_b(args)),
         "c": ("(c) the transformer against PyTorch eager", lambda: section_c(args, cp)),
         "d": ("(d) kernel habits (gpu_habits.py)", lambda: section_d(args)),
+        "e": ("(e) the transformer's GPU time a step by kernel", lambda: section_e(args)),
     }
     failed = [name for key, (name, run) in parts.items() if key in args.only and not section(name, run)]
     print(f"\ngpu.py took {time.perf_counter() - start:.0f} s", end="")

@@ -3,20 +3,21 @@
 #   bash benchmarks/gpu_check.sh
 # installs the wheels carried in .whl/ (trio, outcome, sniffio, cattrs, pytest-trio: the
 # GPU machines have CuPy, NCCL, PyTorch and pytest but not these; benchmarks/gpu_wheels.sh
-# downloads them where there is a network), prints the GPUs and
-# the versions, runs the GPU tests (pytest -m gpu), then benchmarks/gpu.py and
+# downloads them where there is a network), prints the GPUs and the versions, runs the
+# GPU tests (pytest -m gpu), then benchmarks/gpu.py, its profile of (c) (--only e) and
 # benchmarks/gpu_configs.py, each even when an earlier step failed. Everything printed is
 # also written to $OUT (default /tmp/out) as gpu_check.log, beside gpu.py's Chrome
-# traces. About 8 minutes at most: each step has a time limit (PYTEST_LIMIT, BENCH_LIMIT,
-# CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g. --quick). Exit
-# status: 0 if every step passed.
+# traces. 8 minutes at most: each step has a time limit (PYTEST_LIMIT, BENCH_LIMIT,
+# PROFILE_LIMIT, CONFIGS_LIMIT seconds); GPU_BENCH_ARGS passes options to gpu.py (e.g.
+# --quick). Exit status: 0 if every step passed.
 set -u
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
-PYTEST_LIMIT=${PYTEST_LIMIT:-180}
-BENCH_LIMIT=${BENCH_LIMIT:-260}
-CONFIGS_LIMIT=${CONFIGS_LIMIT:-90}
+PYTEST_LIMIT=${PYTEST_LIMIT:-150}
+BENCH_LIMIT=${BENCH_LIMIT:-180}
+CONFIGS_LIMIT=${CONFIGS_LIMIT:-60}
+PROFILE_LIMIT=${PROFILE_LIMIT:-90}
 mkdir -p "$OUT"
 started=$SECONDS
 stage() { echo; echo "== $1 (at $((SECONDS - started)) s)"; }
@@ -79,14 +80,19 @@ timeout -k 10 "$BENCH_LIMIT" python3 benchmarks/gpu.py --out "$OUT" ${GPU_BENCH_
 bench=$?
 echo "gpu_check: gpu.py exit status $bench$([ "$bench" = 124 ] && echo ' (time limit)')"
 
+stage "benchmarks/gpu.py --only e (limit ${PROFILE_LIMIT} s)"
+timeout -k 10 "$PROFILE_LIMIT" python3 benchmarks/gpu.py --only e 2>&1 | tee /tmp/profile.txt
+profile=$?
+echo "gpu_check: gpu.py --only e exit status $profile$([ "$profile" = 124 ] && echo ' (time limit)')"
+
 stage "benchmarks/gpu_configs.py (limit ${CONFIGS_LIMIT} s)"
 timeout -k 10 "$CONFIGS_LIMIT" python3 benchmarks/gpu_configs.py 2>&1 | tee /tmp/configs.txt
 configs=$?
 echo "gpu_check: gpu_configs.py exit status $configs$([ "$configs" = 124 ] && echo ' (time limit)')"
 
 stage "done"
-echo "gpu_check: pytest $tests, gpu.py $bench, gpu_configs.py $configs; output in $OUT"
-[ "$tests" = 0 ] && [ "$bench" = 0 ] && [ "$configs" = 0 ]
+echo "gpu_check: pytest $tests, gpu.py $bench, gpu.py --only e $profile, gpu_configs.py $configs; output in $OUT"
+[ "$tests" = 0 ] && [ "$bench" = 0 ] && [ "$profile" = 0 ] && [ "$configs" = 0 ]
 }
 
 check 2>&1 | tee "$OUT/gpu_check.log"
