@@ -1,6 +1,7 @@
 """order collectives: one fixed global order consistent with every dependency, each
 collective as early as its inputs are ready (so a gradient's all-reduce follows the
-backward op that made it, not the whole backward pass).
+backward op that made it, not the whole backward pass), and of two whose producers could
+start at once, first the one the compute streams launch first (``topology.ready_order``).
 
 Every rank runs its collectives in this order, which is what keeps them deadlock-free.
 With micro-batches, collectives may act at two rates (see ``Actor.every``): those that
