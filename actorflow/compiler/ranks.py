@@ -29,6 +29,15 @@ from ..world import world_size
 Ranks = int | Sequence[str | Sequence[str]] | None
 
 
+def blocks(devices: Sequence[str], n: int) -> list[list[str]]:
+    """``devices``, in their order, in ``n`` contiguous blocks as even as they go (device k
+    in block ``k * n // len(devices)``)."""
+    placed: list[list[str]] = [[] for _ in range(n)]
+    for k, device in enumerate(devices):
+        placed[k * n // len(devices)].append(device)
+    return placed
+
+
 def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], int]:
     """(rank of each device, number of ranks) for the ``ranks`` option of ``compile``:
 
@@ -48,7 +57,7 @@ def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], i
                 f"ranks: {ranks} ranks but the plan has {len(order)} devices {order}; every rank needs one "
                 "(give ranks as a list of devices per rank to leave a rank without any)"
             )
-        return {d: k * ranks // len(order) for k, d in enumerate(order)}, ranks
+        return {d: rank for rank, block in enumerate(blocks(order, ranks)) for d in block}, ranks
     placement: dict[str, int] = {}
     for rank, held in enumerate(ranks):
         for device in [held] if isinstance(held, str) else held:

@@ -32,6 +32,7 @@ import attrs
 import numpy as np
 
 from .. import ops
+from ..compiler.ranks import blocks
 from ..config import Config
 from ..devices import device_order, parse_device
 from ..errors import ConfigError
@@ -176,10 +177,7 @@ def rank_devices(config: Config, world: int) -> list[list[str]]:
             f"parallel.parameter_server.servers: {len(servers)} server ranks and {len(workers)} worker "
             f"devices need {len(servers) + 1} to {len(servers) + len(workers)} ranks, not {world}"
         )
-    ranks: list[list[str]] = [[] for _ in range(first)]
-    for k, device in enumerate(workers):
-        ranks[k * first // len(workers)].append(device)
-    return ranks + [[d] for d in servers]
+    return blocks(workers, first) + [[d] for d in servers]
 
 
 def roles(config: Config, plan: Plan) -> list[str]:
