@@ -292,11 +292,10 @@ def _compile(config, args) -> int:
 
 
 def _simulate(config, args) -> int:
-    from .files import check_outputs, replaced, write_json
+    from .files import check_outputs, replaced
     from .simulate import cost_model, predict
     from .simulate.layouts import parse_layout, predict_layout, search
     from .trace.recorder import write_chrome
-    from .training.report import metrics, table
 
     try:
         check_outputs(
@@ -338,13 +337,9 @@ def _simulate(config, args) -> int:
     except (CompileError, ConfigError) as err:
         print(f"actorflow simulate: error: {err}", file=sys.stderr)
         return 2
-    print(table(config, prediction.result))
     if args.trace:
         write_chrome(prediction.chrome, args.trace)
-        print(f"trace written to {args.trace}")
-    if args.metrics:
-        write_json(metrics(config, prediction.result), args.metrics, indent=2)
-        print(f"metrics written to {args.metrics}")
+    _report(config, prediction.result, {"trace": args.trace, "metrics": args.metrics, "parameters": None})
     return 0
 
 
