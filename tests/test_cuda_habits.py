@@ -483,6 +483,38 @@ def test_a_scale_beside_a_softmax_is_one_part_of_its_chain(causal):
         np.testing.assert_array_equal(got[name], want[name])
 
 
+def test_on_a_gpu_the_scaled_parts_take_one_row_kernel_with_their_factor(monkeypatch):
+    """What a GPU array takes: the row kernel, told the scale part's factor (the kernels
+    themselves are checked against the separate multiply by ``test_cuda_rows``' host
+    simulator and on a GPU)."""
+    from actorflow.ops import cuda_rows
+    from actorflow.ops import transformer_kernels as tk
+
+    launched = []
+    monkeypatch.setattr(cuda_rows, "fits", lambda *arrays: True)
+    for name in ("softmax", "causal_softmax"):
+        monkeypatch.setattr(
+            cuda_rows, name, lambda x, out, scale, name=name: launched.append((name, out, scale))
+        )
+    monkeypatch.setattr(
+        cuda_rows, "softmax_grad", lambda dy, y, out, scale: launched.append(("softmax_grad", out, scale))
+    )
+    x, dy, y, out = (object() for _ in range(4))  # stand-ins for CuPy arrays
+    scale = part(grads.scale, [0], 0, {"factor": 0.25})
+    for soft, name in [
+        (part(tk.causal_softmax, [~0], 1), "causal_softmax"),
+        (part(kernels.softmax, [~0], 1, {"axis": -1}), "softmax"),
+    ]:
+        tk.scaled_softmax([x], [None, out], parts=(scale, soft))
+        assert launched.pop() == (name, out, 0.25)
+    backward = (
+        part(grads.softmax_grad, [0, 1], 0, {"axis": -1}),
+        part(grads.scale, [~0], 1, {"factor": 0.5}),
+    )
+    tk.scaled_softmax_grad([dy, y], [None, out], parts=backward)
+    assert launched == [("softmax_grad", out, 0.5)]
+
+
 def test_a_scale_whose_output_another_reads_keeps_its_part():
     rng = np.random.default_rng(7)
     with af.Graph() as g:
