@@ -578,8 +578,8 @@ def test_a_plan_too_large_for_the_gpu_is_a_device_error_before_anything_is_alloc
 def test_a_gpu_kernels_span_times_are_read_when_the_trace_is_read_not_when_the_run_ends():
     """A traced GPU kernel's start and end (``GpuTime``) are its events' times from the
     run's reference event, read (after waiting for the event) only when the recorder's
-    spans are read: a run that ends doesn't wait for them (on the CPU, with stand-ins for
-    CUDA's events)."""
+    spans are read: a run that ends doesn't wait for them; after a CUDA error, the host's
+    times (on the CPU, with stand-ins for CUDA's events)."""
     from actorflow.runtime.cuda import GpuTime
     from actorflow.trace.recorder import Recorder, Span
 
@@ -596,8 +596,13 @@ def test_a_gpu_kernels_span_times_are_read_when_the_trace_is_read_not_when_the_r
 
     mark, begun, ended = Event(0.0), Event(2.0), Event(5.5)
     recorder = Recorder(enabled=True)
-    times = GpuTime(mark, 10.0, begun, elapsed), GpuTime(mark, 10.0, ended, elapsed)
+    times = GpuTime(mark, 10.0, begun, elapsed, 9.0), GpuTime(mark, 10.0, ended, elapsed, 9.5)
     recorder.record(0, lambda a, b: Span("cuda:0", "compute", "k", "compute", float(a), float(b), {}), *times)
     assert not begun.waited and not ended.waited
     (span,) = recorder.spans
     assert (span.start, span.end) == (10.002, 10.0055)
+
+    def failed(mark: Event, event: Event) -> float:
+        raise RuntimeError("cudaErrorLaunchFailure")  # what CuPy raises after a CUDA error
+
+    assert float(GpuTime(mark, 10.0, Event(1.0), failed, 9.25)) == 9.25  # the host's time of the act

@@ -194,10 +194,11 @@ class Gpus:
         event.synchronize()
         self._mark = (event, time.perf_counter())
 
-    def time(self, event: Any) -> GpuTime:
-        """When the GPU reaches ``event``, recorded since ``mark``, on the host's clock."""
+    def time(self, event: Any, host: float) -> GpuTime:
+        """When the GPU reaches ``event``, recorded since ``mark``, on the host's clock
+        (``host``, the host's own time of it, where the GPU's can't be read)."""
         assert self._mark is not None, "marked before the traced run"
-        return GpuTime(*self._mark, event, self.cupy.cuda.get_elapsed_time)
+        return GpuTime(*self._mark, event, self.cupy.cuda.get_elapsed_time, host)
 
     def link(self, kernel: Callable, seconds: float, ins: list, outs: list) -> Any:
         """A collective over an emulated link (``link_bandwidth``) on a GPU stream: the
@@ -268,16 +269,22 @@ class GpuTime:
     ``event``. Read as a float only when a trace's spans are read (``Recorder.record``
     makes spans then), waiting for the event if it is not done: reading a thousand
     kernels' times at the end of each traced run held the host, with the GPU idle, for
-    4 ms of each transformer step on an H200."""
+    4 ms of each transformer step on an H200. After a CUDA error (a failed run's trace,
+    read to see what ran), it is ``host``, the host's time of the act."""
 
-    __slots__ = ("mark", "at", "event", "elapsed")
+    __slots__ = ("mark", "at", "event", "elapsed", "host")
 
-    def __init__(self, mark: Any, at: float, event: Any, elapsed: Callable[[Any, Any], float]) -> None:
-        self.mark, self.at, self.event, self.elapsed = mark, at, event, elapsed
+    def __init__(
+        self, mark: Any, at: float, event: Any, elapsed: Callable[[Any, Any], float], host: float
+    ) -> None:
+        self.mark, self.at, self.event, self.elapsed, self.host = mark, at, event, elapsed, host
 
     def __float__(self) -> float:
-        self.event.synchronize()
-        return self.at + self.elapsed(self.mark, self.event) / 1e3
+        try:
+            self.event.synchronize()
+            return self.at + self.elapsed(self.mark, self.event) / 1e3
+        except RuntimeError:  # CuPy's CUDARuntimeError
+            return self.host
 
 
 class Staged:

@@ -287,7 +287,8 @@ class Runtime:
             gpus = self._gpus
             if gpus is not None and gpus.on_gpu(unit.stream):  # timed on the GPU, read when spans are
                 begun, ended = gpus.timing[unit.stream]
-                self._spans.record(self.recorder, unit, number, gpus.time(begun), gpus.time(ended), acts)
+                at = gpus.time(begun, start), gpus.time(ended, end)
+                self._spans.record(self.recorder, unit, number, *at, acts)
             else:
                 self._spans.record(self.recorder, unit, number, start, end, acts)
 
