@@ -99,9 +99,9 @@ def _links(plan: Plan) -> dict[int, int]:
     following: dict[int, int] = {}
     for head, consumers in candidates.items():
         talking = {r.id for r in _readers(plan, plan.actors[head]) if _feeds_communication(plan, r)}
-        allowed = [c for c in consumers if talking <= {c.id}]
+        allowed = [c.id for c in consumers if talking <= {c.id}]
         if allowed:
-            following[head] = min(allowed, key=lambda c: (c.id not in talking, c.id)).id
+            following[head] = min(allowed)
     return following
 
 
