@@ -516,3 +516,34 @@ data: {kind: synthetic_classification, samples: 64, seed: 5}
 train: {steps: 4, batch_size: 16, optimizer: {kind: sgd, lr: 0.1}}
 parallel: {stages: [cpu:0, cpu:1], micro_batches: 4, schedule: 1f1b}
 """
+
+
+def test_spans_are_made_outside_the_lock_so_streams_record_meanwhile():
+    """Reading spans makes the recorded ones (a GPU span waits for its kernel's event):
+    meanwhile a stream thread's record must not wait, and what it recorded is read next."""
+    import threading
+
+    recorder = Recorder(enabled=True)
+    making, go, recorded = threading.Event(), threading.Event(), threading.Event()
+
+    def slow() -> Span:
+        making.set()
+        assert go.wait(5)
+        return Span("cpu:0", "compute", "slow", "compute", 0.0, 1.0, {})
+
+    recorder.record(0, slow)
+    reader = threading.Thread(target=lambda: recorder.spans)
+    reader.start()
+    assert making.wait(5)
+    stream = threading.Thread(
+        target=lambda: (
+            recorder.record(0, lambda: Span("cpu:0", "compute", "fast", "compute", 2.0, 3.0, {})),
+            recorded.set(),
+        )
+    )
+    stream.start()
+    assert recorded.wait(2), "a record waited on a reader"
+    go.set()
+    reader.join(5)
+    stream.join(5)
+    assert [s.name for s in recorder.spans] == ["slow", "fast"]

@@ -169,13 +169,23 @@ class Recorder:
 
     def _described_groups(self) -> dict[int, list[Span]]:
         """A copy of the groups, each recorded span made (once), safe to read while
-        streams go on recording."""
+        streams go on recording. Spans are made outside the lock (a GPU span waits for
+        its kernel's event: the streams must not wait on the lock meanwhile), then put in
+        place of what they were made from where the group still holds it; a span
+        recorded meanwhile is left for the next read."""
         with self._lock:
-            if not self._described:
-                for group in self._groups.values():
-                    group[:] = [s if type(s) is Span else s[0](*s[1]) for s in group]
-                self._described = True
-            return {key: list(group) for key, group in self._groups.items()}
+            if self._described:
+                return {key: list(group) for key, group in self._groups.items()}
+            held = {key: list(group) for key, group in self._groups.items()}
+        made = {key: [s if type(s) is Span else s[0](*s[1]) for s in group] for key, group in held.items()}
+        with self._lock:
+            for key, group in made.items():
+                current = self._groups.get(key)
+                if current is not None and len(current) >= len(group):
+                    if all(a is b for a, b in zip(current, held[key])):
+                        current[: len(group)] = group
+            self._described = all(type(s) is Span for g in self._groups.values() for s in g)
+            return {key: [s for s in group if type(s) is Span] for key, group in self._groups.items()}
 
     def clear(self) -> None:
         """Forget every span held and every one dropped, as if new (a benchmark's warm-up)."""
