@@ -511,14 +511,23 @@ def compare_transformer(
     return config
 
 
-def section_c(args: argparse.Namespace, cp: Any) -> None:
+def torch_on_gpu(part: str) -> Any:
+    """The torch module where it is installed and sees a CUDA GPU, else None, having said
+    why ``part`` is skipped."""
     try:
         import torch
     except ImportError:
-        print("(c) skipped: PyTorch is not installed (pip install 'actorflow[bench]')")
-        return
+        print(f"{part} skipped: PyTorch is not installed (pip install 'actorflow[bench]')")
+        return None
     if not torch.cuda.is_available():
-        print(f"(c) skipped: torch {torch.__version__} sees no CUDA GPU")
+        print(f"{part} skipped: torch {torch.__version__} sees no CUDA GPU")
+        return None
+    return torch
+
+
+def section_c(args: argparse.Namespace, cp: Any) -> None:
+    torch = torch_on_gpu("(c)")
+    if torch is None:
         return
 
     def free() -> None:
@@ -609,13 +618,7 @@ def per_step(run: Callable[[int], Any], steps: int) -> tuple[dict[str, float], d
 
 
 def section_e(args: argparse.Namespace) -> None:
-    try:
-        import torch
-    except ImportError:
-        print("(e) skipped: PyTorch is not installed (pip install 'actorflow[bench]')")
-        return
-    if not torch.cuda.is_available():
-        print(f"(e) skipped: torch {torch.__version__} sees no CUDA GPU")
+    if torch_on_gpu("(e)") is None:
         return
     from actorflow.training import initial_parameters, train
     from actorflow.training.data import dataset
