@@ -4,6 +4,7 @@ CuPy is imported only where a device array exists, never to handle numpy ones.""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
 from typing import Any
@@ -55,3 +56,10 @@ def copy_into(dst: Any, src: Any) -> None:
         dst.set(np.asarray(src, dtype=dst.dtype).reshape(dst.shape))
     else:
         namespace(dst).copyto(dst, src)
+
+
+@functools.cache
+def raw_kernel(source: str, name: str) -> Any:
+    """Kernel ``name`` of the CUDA C++ ``source``, as a CuPy ``RawKernel`` (compiled on its
+    first launch on each GPU, and cached by CuPy): one object per kernel for the process."""
+    return importlib.import_module("cupy").RawKernel(source, name)

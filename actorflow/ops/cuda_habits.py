@@ -31,14 +31,15 @@ lane of a warp reaching the ballot) so that NVRTC, which CuPy compiles with, tak
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 from collections.abc import Callable, Collection, Sequence
-from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..arrays import raw_kernel
 from . import gradient_kernels, kernels
 from .chain import Part, chain
 from .micro_batch import accumulate
@@ -211,28 +212,22 @@ def fits_one_kernel(
     return all(tuple(outs[t][0]) == full for t in code.outputs)
 
 
-_ELEMENTWISE: dict[ChainCode, Any] = {}
-"""Compiled-on-first-call kernels, by their code (equal chains share one)."""
-
 _CODES: dict[int, tuple[Sequence[Part], Sequence[int], ChainCode]] = {}
 """Each fused actor's code, made on its first act, by the id of its parts."""
 
 
+@functools.cache
 def _elementwise(code: ChainCode) -> Any:
-    kernel = _ELEMENTWISE.get(code)
-    if kernel is None:
-        cupy = importlib.import_module("cupy")
-        # --fmad=false: each multiply and add rounded as numpy rounds them, not fused
-        kernel = cupy.ElementwiseKernel(
-            code.in_params,
-            code.out_params,
-            code.operation,
-            name=code.name,
-            no_return=True,
-            options=("--fmad=false",),
-        )
-        _ELEMENTWISE[code] = kernel
-    return kernel
+    """The compiled-on-first-call kernel of ``code`` (equal chains share one). With
+    --fmad=false each multiply and add is rounded as numpy rounds them, not fused."""
+    return importlib.import_module("cupy").ElementwiseKernel(
+        code.in_params,
+        code.out_params,
+        code.operation,
+        name=code.name,
+        no_return=True,
+        options=("--fmad=false",),
+    )
 
 
 def _code_of(parts: Sequence[Part], written: Sequence[int]) -> ChainCode:
@@ -269,7 +264,7 @@ def fused_chain_kernel(parts: Sequence[Part], written: Collection[int] | None = 
     plain ``chain`` runs them. Whether the registers' shapes and dtypes fit is
     ``fits_one_kernel``'s to say (CuPy raises where they don't)."""
     code = chain_code(parts, written)
-    return None if code is None else partial(fused_chain, parts=parts, written=code.outputs)
+    return None if code is None else functools.partial(fused_chain, parts=parts, written=code.outputs)
 
 
 ONE_PASS: tuple[Callable, ...] = (
@@ -359,16 +354,6 @@ extern "C" __global__ void af_relu_bits_grad(const float* __restrict__ dy,
 }
 """
 
-_RAW: dict[tuple[str, str], Any] = {}
-
-
-def _raw(source: str, name: str) -> Any:
-    kernel = _RAW.get((source, name))
-    if kernel is None:
-        cupy = importlib.import_module("cupy")
-        kernel = _RAW[source, name] = cupy.RawKernel(source, name)
-    return kernel
-
 
 def _raw_arrays(kernel: str, *arrays: tuple[Any, str, int]) -> None:
     """Raw kernels read and write through bare pointers, with no bounds: each of
@@ -400,7 +385,9 @@ def relu_bits(ins: list, outs: list) -> None:
     n = x.size
     _raw_arrays("relu_bits", (x, "float32", n), (y, "float32", n), (bits, "uint32", mask_words(n)))
     if n:
-        _raw(RELU_BITS_SOURCE, "af_relu_bits")(_blocks(x.size), (BLOCK,), (x, y, bits, np.int64(x.size)))
+        raw_kernel(RELU_BITS_SOURCE, "af_relu_bits")(
+            _blocks(x.size), (BLOCK,), (x, y, bits, np.int64(x.size))
+        )
 
 
 def relu_bits_grad(ins: list, outs: list) -> None:
@@ -413,7 +400,7 @@ def relu_bits_grad(ins: list, outs: list) -> None:
     n = dy.size
     _raw_arrays("relu_bits_grad", (dy, "float32", n), (bits, "uint32", mask_words(n)), (dx, "float32", n))
     if n:
-        grad = _raw(RELU_BITS_SOURCE, "af_relu_bits_grad")
+        grad = raw_kernel(RELU_BITS_SOURCE, "af_relu_bits_grad")
         grad(_blocks(dy.size), (BLOCK,), (dy, bits, dx, np.int64(dy.size)))
 
 
@@ -484,5 +471,5 @@ def gather_rows(ins: list, outs: list, index: str | None = None) -> None:
         return
     scalar = np.int32 if index == "int" else np.int64
     vocab, dim = table.shape
-    kernel = _raw(gather_source(index, id_type), "af_gather")
+    kernel = raw_kernel(gather_source(index, id_type), "af_gather")
     kernel(_blocks(out.size), (BLOCK,), (table, ids, out, scalar(out.size), scalar(dim), scalar(vocab)))

@@ -32,14 +32,13 @@ module imports without it.
 
 from __future__ import annotations
 
-import importlib
 import math
 import sys
 from typing import Any
 
 import numpy as np
 
-from ..arrays import namespace
+from ..arrays import namespace, raw_kernel
 
 SOURCE = r"""
 // A row per block of blockDim.x threads, a multiple of 32 up to 1024; thread t takes the
@@ -385,20 +384,10 @@ def fits_column_sums(x: Any, out: Any) -> bool:
 def _launch(name: str, grid: tuple[int, ...], block: tuple[int, ...], args: tuple) -> None:
     """Launch kernel ``name`` of ``SOURCE`` or ``COLUMN_SOURCE`` on the current CUDA stream
     (each source compiled once per GPU by CuPy, and cached)."""
-    _kernel(name)(grid, block, args)
+    raw_kernel(_SOURCES[name], name)(grid, block, args)
 
 
 _SOURCES = dict.fromkeys(KERNELS, SOURCE) | dict.fromkeys(COLUMN_KERNELS, COLUMN_SOURCE)
-
-_COMPILED: dict[str, Any] = {}
-
-
-def _kernel(name: str) -> Any:
-    kernel = _COMPILED.get(name)
-    if kernel is None:
-        cupy = importlib.import_module("cupy")
-        kernel = _COMPILED[name] = cupy.RawKernel(_SOURCES[name], name)
-    return kernel
 
 
 def _pointer(a: Any) -> int:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import raw_kernel
 from ..devices import is_cuda
 from ..errors import DeviceError
 from ..plan import Plan, Register, Stream
@@ -150,7 +151,6 @@ class Gpus:
         self.timing: dict[int, tuple[Any, Any]] = {}
         """Traced (``prepare``): per plan stream, the timing events around its last kernel."""
         self._mark: tuple[Any, float] | None = None
-        self._spin: Any = None
 
     def synchronize(self) -> None:
         """Wait on the host for everything queued on the GPU: the registers' allocation and
@@ -188,7 +188,7 @@ class Gpus:
 
     def mark(self) -> None:
         """Before a traced run: a reference event, done at a known host time, from which
-        ``seconds`` tells the host time of a timing event."""
+        ``time`` tells the host time of a timing event."""
         event = self.cupy.cuda.Event()
         event.record()
         event.synchronize()
@@ -204,9 +204,7 @@ class Gpus:
         """A collective over an emulated link (``link_bandwidth``) on a GPU stream: the
         link's time is a spin on that stream (one thread, ``SPIN``), then the kernel, so the
         GPU's timeline has it where a host sleep (``wiring._lasting``) would not."""
-        if self._spin is None:
-            self._spin = self.cupy.RawKernel(SPIN, "actorflow_spin")
-        self._spin((1,), (1,), (np.int64(round(seconds * 1e9)),))
+        raw_kernel(SPIN, "actorflow_spin")((1,), (1,), (np.int64(round(seconds * 1e9)),))
         return kernel(ins, outs)
 
     def on_gpu(self, stream: int) -> bool:
