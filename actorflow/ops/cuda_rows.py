@@ -427,16 +427,7 @@ def _rows(x: Any) -> tuple[int, int]:
 def softmax(x: Any, out: Any, scale: float = 1.0) -> None:
     """Softmax along the last axis of ``x * scale`` into ``out`` (``kernels.softmax``; a
     scale before it, see ``scaled_softmax``)."""
-    _check("softmax", x.shape, (out, x.shape))
-    rows, n = _rows(x)
-    target = _target(out, (x,))
-    _launch(
-        "af_softmax_rows",
-        (rows,),
-        (row_threads(n),),
-        (x, target, np.int32(n), np.int32(0), np.float32(scale)),
-    )
-    _finish(out, target)
+    _softmax_rows("softmax", x, out, False, scale)
 
 
 def causal_softmax(x: Any, out: Any, scale: float = 1.0) -> None:
@@ -444,15 +435,15 @@ def causal_softmax(x: Any, out: Any, scale: float = 1.0) -> None:
     seeing keys j <= i only (``transformer_kernels.causal_softmax``)."""
     if x.ndim < 2 or x.shape[-1] != x.shape[-2]:
         raise ValueError(f"causal_softmax: needs scores [..., s, s], got shape {x.shape}")
-    _check("causal_softmax", x.shape, (out, x.shape))
+    _softmax_rows("causal_softmax", x, out, True, scale)
+
+
+def _softmax_rows(kernel: str, x: Any, out: Any, causal: bool, scale: float) -> None:
+    _check(kernel, x.shape, (out, x.shape))
     rows, n = _rows(x)
     target = _target(out, (x,))
-    _launch(
-        "af_softmax_rows",
-        (rows,),
-        (row_threads(n),),
-        (x, target, np.int32(n), np.int32(1), np.float32(scale)),
-    )
+    args = (x, target, np.int32(n), np.int32(causal), np.float32(scale))
+    _launch("af_softmax_rows", (rows,), (row_threads(n),), args)
     _finish(out, target)
 
 
