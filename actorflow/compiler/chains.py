@@ -27,9 +27,9 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from ..devices import is_cuda
-from ..ops import gradient_kernels, kernels, transformer_kernels
 from ..ops.chain import Part, chain
 from ..ops.cuda_habits import chain_code, element_wise, fits_one_kernel, fused_chain, worth_one_kernel
+from ..ops.transformer_kernels import scaled_kernel
 from ..plan import Actor, Input, Plan, Register
 from ..records import evolve
 from .registers import wish_quotas
@@ -214,9 +214,9 @@ def cuda_chains(plan: Plan, on: Callable[[str], bool] = is_cuda) -> Plan:
 def _scaled_softmaxes(parts: Sequence[Part], outs: list[Register]) -> tuple[Part, ...]:
     """``parts`` with each scale before a softmax along the last axis (attention's
     scores, ``1 / sqrt(d)`` times q k^T), and each scale after a softmax gradient (their
-    gradient), as one part (``transformer_kernels.scaled_softmax`` and
-    ``scaled_softmax_grad``), where only the second reads the first's float32 output:
-    one kernel that scales as it reads or writes, one pass over the scores fewer."""
+    gradient), as one part (``transformer_kernels.scaled_kernel`` says which pairs),
+    where only the second reads the first's float32 output: one kernel that scales as
+    it reads or writes, one pass over the scores fewer."""
     result = list(parts)
     k = 0
     while k + 1 < len(result):
@@ -234,19 +234,8 @@ def _scaled_pair(first: Part, second: Part, after: Sequence[Part], outs: list[Re
     link = first[3][0]
     if outs[link].consumers or any(~link in part[2] for part in after) or outs[link].dtype != "float32":
         return None
-    last = (-1, len(outs[link].shape) - 1)
-    if first[0] is gradient_kernels.scale and (
-        second[0] is transformer_kernels.causal_softmax
-        or (second[0] is kernels.softmax and second[1]["axis"] in last)
-    ):
-        kernel = transformer_kernels.scaled_softmax
-    elif (
-        first[0] is gradient_kernels.softmax_grad
-        and first[1]["axis"] in last
-        and second[0] is gradient_kernels.scale
-    ):
-        kernel = transformer_kernels.scaled_softmax_grad
-    else:
+    kernel = scaled_kernel(first, second, len(outs[link].shape))
+    if kernel is None:
         return None
     inner = (
         (*first[:2], tuple(range(len(first[2]))), (0,), *first[4:]),

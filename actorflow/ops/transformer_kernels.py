@@ -1,12 +1,13 @@
 """Kernels of the transformer ops and their backward ops (same contract as ``kernels``)."""
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
 from ..arrays import namespace
-from . import cuda_habits, cuda_rows
-from .chain import chain
+from . import cuda_habits, cuda_rows, gradient_kernels
+from .chain import Part, chain
 from .kernels import softmax
 
 
@@ -140,3 +141,22 @@ def scaled_softmax_grad(ins, outs, parts):
         cuda_rows.softmax_grad(dy, y, outs[1], factor)
         return
     chain(ins, outs, parts)
+
+
+def scaled_kernel(first: Part, second: Part, ndim: int) -> Callable | None:
+    """The one part's kernel for chain parts ``first`` then ``second`` where they are a
+    scale and a softmax along the last axis of an ``ndim``-dimensional array
+    (``scaled_softmax``), or a softmax gradient along it and a scale
+    (``scaled_softmax_grad``); else None."""
+    last = (-1, ndim - 1)
+    if first[0] is gradient_kernels.scale and (
+        second[0] is causal_softmax or (second[0] is softmax and second[1]["axis"] in last)
+    ):
+        return scaled_softmax
+    if (
+        first[0] is gradient_kernels.softmax_grad
+        and first[1]["axis"] in last
+        and second[0] is gradient_kernels.scale
+    ):
+        return scaled_softmax_grad
+    return None
