@@ -45,10 +45,9 @@ def ready_order(plan: Plan) -> dict[int, tuple[int, int, int]]:
     Where producers could start at once (a layer's weight and bias gradients, both
     reading its output gradient), the deeper goes first, as ``priorities`` launches
     them, so the collectives' fixed order waits for neither out of turn (producers that
-    wait on nothing, feeds, keep their order). It is
-    consistent with every dependency: whatever a unit reaches, it reaches through a
-    producer of that unit, which can start only after it, so its first figure is
-    larger.
+    wait on nothing, feeds, keep their order). It is consistent with every dependency:
+    whatever a unit reaches, it reaches through a producer of that unit, which can start
+    only after it, so its first figure is larger.
     """
     edges = data_edges(plan)
     position = positions(edges)
