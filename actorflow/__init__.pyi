@@ -10,6 +10,7 @@ from .errors import (
     KernelError as KernelError,
     PlanSerializationError as PlanSerializationError,
     RankError as RankError,
+    RankLost as RankLost,
     StallError as StallError,
 )
 from .graph import Graph as Graph, Tensor as Tensor

@@ -43,6 +43,15 @@ class RankError(ActorflowError, RuntimeError):
     names the rank and, for a failure, the actor, stream and iteration where it started."""
 
 
+class RankLost(RankError):
+    """A rank the run may go on without (a parameter server's worker) was lost: ``rank``
+    names it."""
+
+    def __init__(self, rank: int, message: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 class ProtocolError(ActorflowError, RuntimeError):
     """A runtime broke the actor protocol (a second free, a take before an actor can act):
     a bug in the runtime, not in the user's graph. The message names the actor and register."""

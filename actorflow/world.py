@@ -4,7 +4,8 @@ A leaf module: the compiler reads it for its default number of ranks, the traini
 to let rank 0 alone report; the runtime checks it against MPI itself. Launchers name
 the rank in different variables: MPICH's hydra ``PMI_RANK``/``PMI_SIZE``, Open MPI
 ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``, Slurm ``SLURM_PROCID``/``SLURM_NTASKS``,
-torchrun ``RANK``/``WORLD_SIZE``. Without a launcher: rank 0 of 1.
+torchrun ``RANK``/``WORLD_SIZE``. Without a launcher: rank 0 of 1. Once the ranks that
+survived a lost one regrouped (``runtime.transport.regroup``), their new numbers.
 """
 
 from __future__ import annotations
@@ -24,8 +25,20 @@ _VARIABLES = (
 )
 
 
+_renumbered: tuple[int, int] | None = None
+
+
+def renumber(rank: int, size: int) -> None:
+    """From now on this process is ``rank`` of ``size`` (the survivors of a lost rank)."""
+    global _renumbered
+    _renumbered = (rank, size)
+
+
 def launched() -> tuple[int, int]:
-    """(rank, world size) from the launcher's environment; (0, 1) without one."""
+    """(rank, world size) from the launcher's environment, or as ``renumber`` said; (0, 1)
+    without a launcher."""
+    if _renumbered is not None:
+        return _renumbered
     for rank, size in _VARIABLES:
         if rank in os.environ and size in os.environ:
             try:

@@ -34,7 +34,7 @@ import trio
 
 from ..arrays import copy_into, to_host
 from ..debug_flags import debug_flags
-from ..errors import KernelError, RankError
+from ..errors import KernelError, RankError, RankLost
 from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from ..world import LOST_AFTER
@@ -65,7 +65,8 @@ class Runtime:
     any actor acting before the run fails with a StallError that says who waits on what;
     lost_after: over ranks, seconds without word from another rank before it counts as
     lost (long enough for a paused process, a GC or a swap, to come back; short enough to
-    stop a dead job soon);
+    stop a dead job soon); losable: the ranks whose loss fails this Runtime with a
+    ``RankLost`` that the program may survive (``transport.regroup``), not a RankError;
     order: "replay" (the default) runs each stream in the order a simulated run decided
     once (``replay``), where the plan allows it; "dynamic" decides every act as the run
     goes (``driver``), which adapts to kernels whose times vary, at a higher host cost.
@@ -81,6 +82,7 @@ class Runtime:
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
         lost_after: float = LOST_AFTER,
+        losable: frozenset[int] = frozenset(),
         order: Order = "replay",
     ) -> None:
         for name, seconds in (("stall_timeout", stall_timeout), ("lost_after", lost_after)):
@@ -94,7 +96,7 @@ class Runtime:
         self.plan = plan
         self.stall_timeout = stall_timeout
         self._state = "new"
-        self._transport = Transport(plan.world, lost_after) if plan.world > 1 else None
+        self._transport = Transport(plan.world, lost_after, losable) if plan.world > 1 else None
         self.rank = self._transport.rank if self._transport else 0
         self.recorder = Recorder(trace, trace_iterations, self.rank if self._transport else None, trace_limit)
         self._feed_check = FeedCheck(plan, self.rank)
@@ -352,7 +354,7 @@ class Runtime:
             if self._transport is not None and not isinstance(exc, RankError):
                 notes = "".join(f"\n{note}" for note in getattr(exc, "__notes__", ()))
                 self._transport.announce(f"rank {self.rank} failed: {type(exc).__name__}: {exc}{notes}")
-            elif self._transport is not None:
+            elif self._transport is not None and not isinstance(exc, RankLost):
                 # said at once, in one write: mpiexec -disable-auto-cleanup was seen to kill
                 # a survivor of a killed rank as soon as it wrote anything, mid-traceback
                 sys.stderr.write(f"actorflow: rank {self.rank} stops: {exc}\n")

@@ -71,6 +71,7 @@ class Session:
         trace_limit: int | None = TRACE_LIMIT,
         stall_timeout: float = 60.0,
         lost_after: float = LOST_AFTER,
+        losable: frozenset[int] = frozenset(),
         order: Order = "replay",
     ) -> None:
         self._runtime = Runtime(
@@ -80,6 +81,7 @@ class Session:
             trace_limit=trace_limit,
             stall_timeout=stall_timeout,
             lost_after=lost_after,
+            losable=losable,
             order=order,
         )
         self._blas = contextlib.ExitStack()

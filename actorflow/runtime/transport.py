@@ -79,9 +79,15 @@ status (strace; 1 kill in 15 under load). Ranks learn of a lost peer from the co
 messages above instead. SIG_IGN, unlike a Python handler, stays in place while the
 interpreter exits, so SIGUSR1 never kills a rank that is leaving.
 
+A rank may be ``losable`` (a parameter server's worker, ``training.survival``): its loss
+is told as ``LOST`` (its rank), and ``on_failure`` gets a ``RankLost``, which the program
+may survive: ``regroup`` then makes the survivors' communicator the world (``world_comm``)
+that the next Transport, ``gather`` and ``Vote`` use.
+
 A process whose run failed over ranks exits with status 1 at interpreter exit without
 finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
-survivor of a killed rank was seen to hang there for good).
+survivor of a killed rank was seen to hang there for good). One that survived a lost
+rank exits so too, with its own status.
 """
 
 from __future__ import annotations
@@ -91,6 +97,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+import pickle
 import queue
 import signal
 import sys
@@ -102,8 +109,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import trio
 
-from ..errors import RankError
-from ..world import LOST_AFTER
+from ..errors import RankError, RankLost
+from ..world import LOST_AFTER, renumber
 from .device import OnDone
 
 MIN_BACKOFF = 20e-6
@@ -116,7 +123,7 @@ LEAVE_WAIT = 1.0
 NOTICE_BYTES = 1 << 16
 PR_SET_TIMERSLACK = 29  # prctl(2)
 JOIN_TIMEOUT = 120.0
-FAILED, BEAT, BYE, QUERY, REPLY = 1, 2, 3, 4, 5
+FAILED, BEAT, BYE, QUERY, REPLY, LOST = 1, 2, 3, 4, 5, 6
 
 Done = Callable[[BaseException | None], None]
 
@@ -142,6 +149,27 @@ def mpi() -> Any:
     return MPI
 
 
+_world: Any = None  # the survivors' communicator, once ``regroup`` made one
+
+
+def world_comm() -> Any:
+    """The communicator of every rank of the run: MPI's world, or the survivors' of a lost
+    rank (``regroup``)."""
+    return mpi().COMM_WORLD if _world is None else _world
+
+
+def regroup(lost: set[int]) -> tuple[int, int]:
+    """Make the ranks of ``world`` but ``lost`` the world, renumbered in order; returns
+    (this rank, how many). Called by every survivor, with the same ``lost``: it is
+    collective over them only, so the lost ranks need not take part."""
+    global _world
+    comm = world_comm()
+    survivors = [r for r in range(comm.Get_size()) if r not in lost]
+    _world = comm.Create_group(comm.Get_group().Incl(survivors), tag=7)
+    renumber(_world.Get_rank(), _world.Get_size())
+    return _world.Get_rank(), _world.Get_size()
+
+
 class Transport:
     """``await connect(...)``, then ``start()``; ``close()`` when done (or failed).
 
@@ -150,13 +178,17 @@ class Transport:
     streams' threads, often: it must be cheap and never block); ``threads``, how many
     threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
     it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
-    only where it has a core to spare."""
+    only where it has a core to spare. ``losable``: the ranks whose loss this rank may
+    survive (``RankLost``)."""
 
-    def __init__(self, world: int, lost_after: float = LOST_AFTER) -> None:
+    def __init__(
+        self, world: int, lost_after: float = LOST_AFTER, losable: frozenset[int] = frozenset()
+    ) -> None:
         self.MPI = mpi()
         self.lost_after = lost_after
-        comm = self.MPI.COMM_WORLD
-        self.rank, size = comm.Get_rank(), comm.Get_size()
+        self.losable = losable
+        self.world = world_comm()
+        self.rank, size = self.world.Get_rank(), self.world.Get_size()
         if size != world:
             raise RankError(
                 f"this plan runs on {world} ranks, but this process is one of {size}: start it with "
@@ -191,7 +223,7 @@ class Transport:
         (key, group of ranks) that runs collectives together, and a check that all ranks
         hold the same plan. Every rank opens its Runtimes in the same order."""
         MPI = self.MPI
-        joined = MPI.COMM_WORLD.Ibarrier()
+        joined = self.world.Ibarrier()
         deadline = time.monotonic() + JOIN_TIMEOUT
         backoff = MIN_BACKOFF
         while not joined.Test():
@@ -204,11 +236,11 @@ class Transport:
                 )
             await trio.sleep(backoff)
             backoff = min(2 * backoff, 0.01)
-        node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        node = self.world.Split_type(MPI.COMM_TYPE_SHARED)
         self._cores_per_rank = len(os.sched_getaffinity(0)) / node.Get_size()
         node.Free()
-        self.data = MPI.COMM_WORLD.Dup()
-        self.control = MPI.COMM_WORLD.Dup()
+        self.data = self.world.Dup()
+        self.control = self.world.Dup()
         self._wakes = MPI.COMM_SELF.Dup()
         for key, group in groups:
             comm = self.data.Split(0 if self.rank in group else MPI.UNDEFINED, self.rank)
@@ -314,12 +346,13 @@ class Transport:
             return
         self._failed = True
         _exit_unfinalized()
-        self.submit(lambda: self._failure_notices(text), None)
+        self.submit(lambda: self._notices(text), None)
 
-    def _failure_notices(self, text: str) -> list:
-        """Start sending ``text`` to every other rank as a failure notice; its requests."""
+    def _notices(self, text: str, tag: int = FAILED) -> list:
+        """Start sending ``text`` to every other rank as a failure notice (or ``tag``); its
+        requests."""
         notice = text.encode()[:NOTICE_BYTES]
-        return [self.control.Isend(notice, dest=p, tag=FAILED) for p in self.peers]
+        return [self.control.Isend(notice, dest=p, tag=tag) for p in self.peers]
 
     def tell(self, peer: int, tag: int, payload: bytes) -> None:
         """Send a control message (``QUERY`` or ``REPLY``) to rank ``peer``."""
@@ -393,7 +426,7 @@ class Transport:
                                 f"{now - heard[peer]:.1f} s (its process died, hangs or was paused longer "
                                 "than lost_after, or its host is unreachable)"
                             )
-                            self._fail(RankError(lost), tell=True)
+                            self._fail(self._loss(peer, lost), self._notices(f"{peer}\n{lost}", LOST))
                             left.add(peer)
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
@@ -442,6 +475,10 @@ class Transport:
             message = bytes(notice[: status.Get_count()])
             if tag == FAILED:
                 self._fail(RankError(message.decode(errors="replace")))
+            elif tag == LOST:
+                peer, _, text = message.decode(errors="replace").partition("\n")
+                self._fail(self._loss(int(peer), text))
+                left.add(int(peer))
             elif tag == BYE:
                 left.add(source)
             elif tag == QUERY:
@@ -460,14 +497,18 @@ class Transport:
                 return
             self._wakes.Send(_NOTHING, dest=0, tag=tag)
 
-    def _fail(self, exc: RankError, tell: bool = False) -> None:
-        """Fail this rank, once; ``tell``: send the other ranks ``exc`` as a failure notice
-        (a rank lost: they may not hear of it otherwise)."""
+    def _loss(self, peer: int, text: str) -> RankError:
+        """What losing rank ``peer`` is to this rank: a ``RankLost`` where it is ``losable``
+        (and not this rank itself, judged lost by another), else a failure."""
+        return RankLost(peer, text) if peer in self.losable and peer != self.rank else RankError(text)
+
+    def _fail(self, exc: RankError, notices: Sequence[Any] = ()) -> None:
+        """Fail this rank, once; ``notices``: the requests telling the other ranks (of a
+        rank lost: they may not hear of it otherwise)."""
         if not self._failed:
             self._failed = True
-            if tell:
-                self._live.extend((r, None, False) for r in self._failure_notices(str(exc)))
-            _exit_unfinalized()
+            self._live.extend((r, None, False) for r in notices)
+            _exit_unfinalized(0 if isinstance(exc, RankLost) else 1)
             self.on_failure(exc)
 
     def _leave(self, listen: Any) -> None:
@@ -562,21 +603,41 @@ def _always_busy() -> bool:
     return True
 
 
-_exiting = False
+_exiting: int | None = None  # the status to exit with, once asked
 
 
-def _exit_unfinalized() -> None:
-    """At interpreter exit, leave with status 1 before MPI is finalized (see the module)."""
+def _exit_unfinalized(status: int = 1) -> None:
+    """At interpreter exit, leave with ``status`` (the worst asked for; 1 after an uncaught
+    exception) before MPI is finalized (see the module)."""
     global _exiting
-    if not _exiting:
-        _exiting = True
+    if _exiting is None:
         atexit.register(_leave_now)
+        hook = sys.excepthook
+
+        def failed(*info: Any) -> None:
+            _exit_unfinalized(1)
+            hook(*info)
+
+        sys.excepthook = failed
+    _exiting = max(status, _exiting or 0)
 
 
 def _leave_now() -> None:
+    leave(_exiting or 0)
+
+
+def unfinalized() -> bool:
+    """Whether this process ends without finalizing MPI (a rank failed or was lost): a
+    program that knows its exit status then ends with ``leave``."""
+    return _exiting is not None
+
+
+def leave(status: int) -> None:
+    """Exit now with ``status``, without finalizing MPI: what a program that survived a
+    lost rank ends with (``MPI_Finalize`` would wait for the lost one)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 def _drain(q: queue.SimpleQueue, carried: list) -> list:
@@ -592,17 +653,32 @@ def gather(obj: Any, check: Callable[[], None] = lambda: None) -> list | None:
     """Every rank's ``obj`` on rank 0 (None on the others), for a run's final report or
     a checkpoint's manifest.
 
-    Called by every rank. The ranks first meet at a barrier polled with back-off, so no
-    rank spins in MPI while waiting for a slower one; ``check`` is called at each poll and
-    may raise to give up (inside a Runtime: the error that stopped it, a lost rank's)."""
-    MPI = mpi()
-    request = MPI.COMM_WORLD.Ibarrier()
+    Called by every rank. Nonblocking gathers (of the pickles' sizes, then of the pickles)
+    polled with back-off (``_poll``), so no rank spins in MPI while waiting for a slower
+    one, and none waits for good on one that died meanwhile: ``check`` is called at each
+    poll and may raise to give up (inside a Runtime: the error that stopped it, a lost
+    rank's)."""
+    MPI, comm = mpi(), world_comm()
+    root = comm.Get_rank() == 0
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.zeros(comm.Get_size() if root else 0, np.int64)
+    _poll(comm.Igather(np.array([data.size], np.int64), sizes, root=0), check)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    joined = np.empty(int(offsets[-1]), np.uint8)
+    _poll(comm.Igatherv(data, [joined, sizes, offsets[:-1], MPI.BYTE], root=0), check)
+    if not root:
+        return None
+    return [pickle.loads(joined[a:b].tobytes()) for a, b in itertools.pairwise(offsets)]
+
+
+def _poll(request: Any, check: Callable[[], None]) -> None:
+    """Wait for ``request``, testing it with back-off (20 µs doubling to 10 ms) and calling
+    ``check`` between the tests."""
     backoff = MIN_BACKOFF
     while not request.Test():
         check()
         time.sleep(backoff)
         backoff = min(2 * backoff, 0.01)
-    return MPI.COMM_WORLD.gather(obj, root=0)
 
 
 class Vote:
@@ -617,12 +693,17 @@ class Vote:
     def ask(self, yes: bool) -> None:
         MPI = mpi()
         self._flags[:] = (yes, False)
-        self._request = MPI.COMM_WORLD.Iallreduce(self._flags[:1], self._flags[1:], op=MPI.MAX)
+        self._request = world_comm().Iallreduce(self._flags[:1], self._flags[1:], op=MPI.MAX)
 
-    def answer(self) -> bool | None:
-        """The last ask's answer, once every rank asked it; None if none is out."""
+    def answer(self, check: Callable[[], None] = lambda: None) -> bool | None:
+        """The last ask's answer, once every rank asked it; None if none is out. ``check``
+        as in ``gather``, at each poll while waiting."""
         if self._request is None:
             return None
-        self._request.Wait()
+        _poll(self._request, check)
         self._request = None
         return bool(self._flags[1])
+
+    def forget(self) -> None:
+        """Leave the ask out unanswered (its world lost a rank)."""
+        self._request = None

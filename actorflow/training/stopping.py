@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
@@ -56,10 +57,11 @@ class Interrupts:
     asks the run to stop after the step in flight, a second raises KeyboardInterrupt at
     once. Only the main thread can catch signals: elsewhere nothing is installed."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world: int, check: Callable[[], None] = lambda: None) -> None:
         self.heard = False
         self._old: Any = None
         self._vote = Vote() if world > 1 else None  # over ranks: asked each step, answered the next
+        self._check = check  # may raise to give up waiting for the other ranks (``transport.gather``)
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -68,7 +70,7 @@ class Interrupts:
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._vote is not None and kind is None:
-            self._vote.answer()  # every rank completes the last one it started
+            self._vote.answer(self._check)  # every rank completes the last one it started
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
 
@@ -81,7 +83,12 @@ class Interrupts:
         """Whether the run stops after the step every rank has just run."""
         if self._vote is None:
             return self.heard
-        if self._vote.answer():
+        if self._vote.answer(self._check):
             return True
         self._vote.ask(self.heard)
         return False
+
+    def regrouped(self) -> None:
+        """The ranks lost one (``transport.regroup``): the ask in flight is left out."""
+        if self._vote is not None:
+            self._vote.forget()
