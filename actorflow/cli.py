@@ -347,8 +347,9 @@ def _run(config, args) -> int:
     from tqdm import tqdm
 
     from .files import check_outputs
-    from .training import train
-    from .world import this_rank
+    from .runtime.transport import leave, unfinalized
+    from .training import survival, train
+    from .world import this_rank, world_size
 
     outputs = {
         "trace": (args.trace, config.output.trace),
@@ -371,6 +372,8 @@ def _run(config, args) -> int:
     except ConfigError as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
+    if config.parallel.parameter_server is not None and world_size() > 1:
+        survival.guard()  # so that the run can lose a worker (see survival)
     lead = this_rank() == 0  # under a launcher, rank 0 alone reports
     quiet = args.quiet or not lead
     bar = tqdm(
@@ -386,11 +389,15 @@ def _run(config, args) -> int:
         done = step + 1
         bar.update()
         bar.set_postfix(loss=f"{loss:.4f}")
-        if not quiet and (step + 1) % config.train.log_every == 0:
+        if not args.quiet and this_rank() == 0 and (step + 1) % config.train.log_every == 0:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
+    def on_lost(told: str) -> None:
+        if this_rank() == 0:  # of the survivors
+            bar.write(f"actorflow run: {told}", file=sys.stderr)
+
     try:
-        result = train(config, on_step, paths["trace"], args.resume)
+        result = train(config, on_step, paths["trace"], args.resume, on_lost)
     except (CheckpointError, CompileError, ConfigError, DeviceError) as err:
         print(f"actorflow run: error: {err}", file=sys.stderr)
         return 2
@@ -400,13 +407,15 @@ def _run(config, args) -> int:
         return 130
     finally:
         bar.close()
+    lead = this_rank() == 0
     if lead:
-        _report(config, result, paths)
-    if result.stopped is None:
-        return 0
-    if lead:
+        _report(result.ended_with or config, result, paths)
+    code = 0 if result.stopped is None else result.stopped.exit_status
+    if lead and result.stopped is not None:
         print(f"actorflow run: {result.stopped.text}", file=sys.stderr)
-    return result.stopped.exit_status
+    if unfinalized():
+        leave(code)  # without MPI_Finalize, which would wait for the lost rank
+    return code
 
 
 def _report(config, result, paths: dict[str, str | None]) -> None:

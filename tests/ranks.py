@@ -12,7 +12,6 @@ import base64
 import os
 import pickle
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -70,10 +69,11 @@ def launch(n: int, *argv: str, timeout: float = 60) -> tuple[int, str]:
 
 
 def kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL the launcher and every process below it: mpiexec, hydra's proxies and the
+    ranks each start a session of their own, out of the launcher's process group."""
+    from actorflow.launch import _kill_tree
+
+    _kill_tree(proc.pid)
 
 
 def python(n: int, code: str, timeout: float = 60) -> tuple[int, str]:
@@ -87,6 +87,25 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, IndexError):
         return False
     return state != "Z"
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of rank ``rank``'s Python among the launcher's descendants: the one that
+    runs the rank, below its guard where it has one (``survival.guard``)."""
+    parents, environs = {}, {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            environs[int(entry)] = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    family = {launcher}
+    for _ in range(5):  # the launcher, mpiexec, hydra's proxy, the guards, the ranks
+        family |= {pid for pid, parent in parents.items() if parent in family}
+    marked = f"PMI_RANK={rank}".encode()
+    found = {pid for pid in family if marked in environs.get(pid, ())}
+    guarded = [pid for pid in found if parents[pid] in found]
+    return min(guarded or found, default=None)
 
 
 def wait_gone(pids: list[int], within: float) -> list[int]:

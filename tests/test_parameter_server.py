@@ -175,22 +175,6 @@ def test_async_training_over_ranks_counts_staleness_within_k(tmp_path):
     assert 0 <= metrics["staleness"]["mean"] <= metrics["staleness"]["max"] <= 1
 
 
-def _rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of rank ``rank``'s Python among the launcher's descendants."""
-    parents, environs = {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            environs[int(entry)] = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-    family = {launcher}
-    for _ in range(4):  # the launcher, mpiexec, hydra's proxy, the ranks
-        family |= {pid for pid, parent in parents.items() if parent in family}
-    marked = f"PMI_RANK={rank}".encode()
-    return next((pid for pid in sorted(family) if marked in environs.get(pid, ())), None)
-
-
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(150)
 def test_a_server_killed_stops_every_rank_within_10_s_naming_it_and_resume_finishes(tmp_path):
@@ -206,10 +190,12 @@ def test_a_server_killed_stops_every_rank_within_10_s_naming_it_and_resume_finis
     proc = ranks.start(3, *run, "--steps", "1000000", *keep)
     try:
         deadline = time.monotonic() + 60
-        while not any(p.name.startswith("step-") for p in ck.glob("*")) or _rank_pid(proc.pid, 2) is None:
+        while (
+            not any(p.name.startswith("step-") for p in ck.glob("*")) or ranks.rank_pid(proc.pid, 2) is None
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint or no rank 2 in 60 s"
             time.sleep(0.05)
-        pids = [_rank_pid(proc.pid, r) for r in range(3)]
+        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
         killed = time.monotonic()
         os.kill(pids[2], signal.SIGKILL)
         out, _ = proc.communicate(timeout=30)

@@ -26,14 +26,14 @@ steps of updates. The updates count that lag (``staleness``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from .. import ops
 from ..compiler.ranks import blocks
-from ..config import Config
+from ..config import Config, Stage
 from ..devices import device_order, parse_device
 from ..errors import ConfigError
 from ..graph.builder import parameter
@@ -164,6 +164,28 @@ def described(counted: tuple[int, int, int]) -> tuple[float, int] | None:
     """(mean, max) staleness of the counted updates; None if there were none."""
     updates, total, most = counted
     return (total / updates, most) if updates else None
+
+
+def replicas_on(config: Config, devices: Collection[str]) -> list[int]:
+    """The workers (data-parallel replicas, in order) that have a device among ``devices``."""
+    tp = config.parallel.tensor_parallel
+    return sorted({k // tp for stage in config.parallel.stages for k, d in enumerate(stage) if d in devices})
+
+
+def without(config: Config, lost: Sequence[int]) -> Config:
+    """``config`` going on without the workers ``lost`` (replica numbers): each worker left
+    keeps its devices and its share of a batch, so the batch shrinks with the workers."""
+    parallel, tp = config.parallel, config.parallel.tensor_parallel
+    kept = [r for r in range(parallel.data_parallel) if r not in lost]
+    stages = tuple(
+        Stage(tuple(d for r in kept for d in stage[r * tp : (r + 1) * tp])) for stage in parallel.stages
+    )
+    batch = config.train.batch_size // parallel.data_parallel * len(kept)
+    return attrs.evolve(
+        config,
+        parallel=attrs.evolve(parallel, stages=stages, data_parallel=len(kept)),
+        train=attrs.evolve(config.train, batch_size=batch),
+    )
 
 
 def rank_devices(config: Config, world: int) -> list[list[str]]:

@@ -36,6 +36,8 @@ def table(config: Config, result: RunResult) -> str:
         ),
         "",
     ]
+    for told in result.lost:
+        lines.insert(-1, told)
     if result.staleness is not None:
         ps = parallel.parameter_server
         assert ps is not None, "staleness is counted by async parameter servers"
@@ -128,6 +130,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         if result.staleness is None
         else {"mean": result.staleness[0], "max": result.staleness[1]},
         "losses": result.losses,
+        "lost_workers": list(result.lost),
         "bubble_steps": result.bubble_steps,
         "critical_path_handoff_share": result.handoff_share,
         "critical_path_communication_share": result.communication_share,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import numpy as np
 from ..compiler import compile
 from ..compiler.schedules import ZERO_BUBBLE, kept_for_backward
 from ..config import Config
+from ..errors import RankLost
 from ..plan import Plan
 from ..runtime import Session
 from ..runtime.logical import assemble
@@ -22,7 +24,7 @@ from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory
 from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
-from . import checkpoint, parameter_server
+from . import checkpoint, parameter_server, survival
 from .data import Part, dataset, position, step_feeds
 from .model import build_graph
 from .parameter_server import rank_devices, server_devices
@@ -90,6 +92,10 @@ class RunResult:
     staleness: tuple[float, int] | None = None
     """Async parameter servers: the mean and largest staleness of the run's updates, in
     steps (see ``parameter_server``); None for other runs."""
+    lost: tuple[str, ...] = ()
+    """Parameter servers: the workers the run went on without, a line each (see ``survival``)."""
+    ended_with: Config | None = None
+    """Where the run lost workers: the config it went on with, without them."""
 
 
 def compile_config(config: Config, ranks: int | None = None, values: bool = True) -> Plan:
@@ -131,6 +137,7 @@ def train(
     on_step: Callable[[int, float], None] | None = None,
     trace: str | None = None,
     resume: str | None = None,
+    on_lost: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome
     trace; ``resume``: go on from the newest checkpoint in that folder (see ``checkpoint``)
@@ -140,54 +147,75 @@ def train(
     Under a launcher every rank runs this, and each trains its own devices' part of the
     plan, fed only its devices' slices of each batch. Each rank writes its own trace
     (``NAME.rankR.json``) and rank 0 also the merged one at ``trace``; rank 0 gathers
-    what the report needs from the others once the steps are done."""
+    what the report needs from the others once the steps are done. Under parameter
+    servers the run goes on without a lost worker (``survival``), and ``on_lost`` hears
+    what was lost, on every survivor; the config and plan the run ends with (and its
+    ``RunResult``) are those without it."""
     data = dataset(config)
     plan = compile_config(config)
     at = functools.partial(position, config, data)
     saved = checkpoint.load(resume, config, plan, at, this_rank()) if resume is not None else None
     first = saved.step if saved is not None else 0
     losses: list[float] = []
+    lost: list[str] = []
     stopped = None
-    with Session(
-        plan,
-        trace=True,
-        trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT,
-        order=config.runtime.order,
-        lost_after=config.runtime.lost_after,
-    ) as session:
+    snapshots = survival.Snapshots() if survival.possible(config, plan) else None
+    with contextlib.ExitStack() as stack:
+        session = stack.enter_context(_open(config, plan, trace, saved.values if saved else None))
         rank = session.rank
-        if saved is not None:
-            session.load(saved.values)
         parts = local_feeds(plan, rank)
         keep = config.output.checkpoint
         shard = checkpoint.arrays(plan, rank) if keep is not None else {}
         meet = None if plan.world == 1 else functools.partial(gather, check=session.check)
         start = time.perf_counter()
-        with Interrupts(plan.world) as interrupts:
+        with Interrupts(plan.world, lambda: session.check()) as interrupts:
             step = first
+            if snapshots is not None:
+                snapshots.take(step, session)
             while step < config.train.steps:
-                end = parameter_server.run_end(config, step)
-                outputs = session.run(
-                    [f for s in range(step, end) for f in step_feeds(config, data, s, parts)]
-                )
-                m = len(outputs) // (end - step)
-                for k in range(end - step):
-                    losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
-                    if on_step is not None:
-                        on_step(step + k, losses[-1])
-                    if config.train.stop_on_nonfinite and (
-                        stopped := nonfinite(losses, config.train.steps, first)
-                    ):
+                try:
+                    end = parameter_server.run_end(config, step)
+                    outputs = session.run(
+                        [f for s in range(step, end) for f in step_feeds(config, data, s, parts)]
+                    )
+                    if snapshots is not None:
+                        snapshots.take(end, session)
+                    m = len(outputs) // (end - step)
+                    for k in range(end - step):
+                        losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
+                        if on_step is not None:
+                            on_step(step + k, losses[-1])
+                        if config.train.stop_on_nonfinite and (
+                            stopped := nonfinite(losses, config.train.steps, first)
+                        ):
+                            break
+                    if stopped:
                         break
-                if stopped:
-                    break
-                step = end
-                if interrupts.stop_now() and step < config.train.steps:
-                    stopped = Stop("interrupted", f"interrupted at step {step} of {config.train.steps}")
-                if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
-                    checkpoint.save(keep.path, step, session.values(), shard, config, at(step), rank, meet)
-                if stopped:
-                    break
+                    step = end
+                    if interrupts.stop_now() and step < config.train.steps:
+                        stopped = Stop("interrupted", f"interrupted at step {step} of {config.train.steps}")
+                    if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
+                        checkpoint.save(
+                            keep.path, step, session.values(), shard, config, at(step), rank, meet
+                        )
+                    if stopped:
+                        break
+                except RankLost as loss:
+                    assert snapshots is not None, "only a run that may lose workers has losable ranks"
+                    session.close()
+                    went = survival.regroup(config, plan, loss, snapshots, compile_config)
+                    config, plan, step = went.config, went.plan, went.step
+                    del losses[step - first :]
+                    lost.append(went.told)
+                    if on_lost is not None:
+                        on_lost(went.told)
+                    session = stack.enter_context(_open(config, plan, trace, went.values))
+                    rank = session.rank
+                    parts = local_feeds(plan, rank)
+                    shard = checkpoint.arrays(plan, rank) if keep is not None else {}
+                    meet = functools.partial(gather, check=session.check)
+                    at = functools.partial(position, config, data)
+                    interrupts.regrouped()
         seconds = time.perf_counter() - start
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
@@ -198,35 +226,59 @@ def train(
         )
         if trace is not None:
             write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
-    if plan.world > 1:
-        gathered = gather((chrome, stats, parameters, counted))
-        if gathered is not None:
-            for _, their_stats, their_parameters, _ in gathered:
-                stats |= their_stats
-                parameters |= their_parameters
-            parameters = assemble(plan.logical, "parameter", parameters)
-            chrome = merge([c for c, *_ in gathered])
-            counted = parameter_server.summed([c for *_, c in gathered])
-            if trace is not None:
-                write_chrome(with_config(chrome, config), trace)
-    return measure(
-        config,
-        plan,
-        chrome,
-        stats,
-        seconds,
-        steps=len(losses),
-        losses=losses,
-        parameters=parameters,
-        ordered_by=ordered_by,
-        stopped=stopped,
-        ours=[
-            plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank for stage in config.parallel.stages
-        ],
-        trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
-        first_step=first,
-        staleness=parameter_server.described(counted),
+        # gathered while the session still hears of lost ranks, so none waits for good
+        gathered = gather((chrome, stats, parameters, counted), session.check) if plan.world > 1 else None
+    if gathered is not None:
+        for _, their_stats, their_parameters, _ in gathered:
+            stats |= their_stats
+            parameters |= their_parameters
+        parameters = assemble(plan.logical, "parameter", parameters)
+        chrome = merge([c for c, *_ in gathered])
+        counted = parameter_server.summed([c for *_, c in gathered])
+        if trace is not None:
+            write_chrome(with_config(chrome, config), trace)
+    return attrs.evolve(
+        measure(
+            config,
+            plan,
+            chrome,
+            stats,
+            seconds,
+            steps=len(losses),
+            losses=losses,
+            parameters=parameters,
+            ordered_by=ordered_by,
+            stopped=stopped,
+            ours=[
+                plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank
+                for stage in config.parallel.stages
+            ],
+            trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
+            first_step=first,
+            staleness=parameter_server.described(counted),
+        ),
+        lost=tuple(lost),
+        ended_with=config if lost else None,
     )
+
+
+def _open(config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None) -> Session:
+    """The run's session of ``plan``, holding ``values`` (a checkpoint's) if given."""
+    session = Session(
+        plan,
+        trace=True,
+        trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT,
+        order=config.runtime.order,
+        lost_after=config.runtime.lost_after,
+        losable=survival.losable(config, plan),
+    )
+    if values is not None:
+        try:
+            session.load(values)
+        except BaseException:
+            session.close()
+            raise
+    return session
 
 
 def measure(

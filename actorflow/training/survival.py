@@ -1,0 +1,155 @@
+"""Parameter-server training that goes on without a lost worker (seed 003's "node
+disaster tolerance").
+
+Under parameter servers the workers hold no state: every parameter and its optimizer
+state live on the servers. So a rank that holds only workers' devices is ``losable``
+(while some worker would be left): when it goes silent, its transport reports a
+``RankLost`` to every other rank instead of failing them (``runtime.transport``). Each
+survivor then ``regroup``s:
+
+1. the survivors make a communicator of their own, the world from then on (MPI's
+   ``Comm.Create_group``, collective over them alone);
+2. they agree on the step to go on from: the least step that every survivor holds the
+   values of (``Snapshots``: each rank keeps its values after its latest runs; a rank
+   that ran ahead, such as a server that finished an update the lost worker's gradient
+   had already reached, takes its earlier ones);
+3. each compiles the plan of the config without the lost rank's workers
+   (``parameter_server.without``: the batch shrinks with them, and sync training averages
+   over the workers left) for the survivors, and opens it with its values from that step.
+
+What is lost: the steps the survivors ran past that one (they run again, with the
+workers left), and the lost workers' share of every later batch.
+
+MPICH's hydra kills every rank of the job when one of them dies of a signal, even with
+``-disable-auto-cleanup`` (which keeps the others alive only when a rank exits), so
+``guard`` runs each rank under a parent process that turns its child's death into an
+exit. The survivors end without finalizing MPI (``transport.leave``): ``MPI_Finalize``
+waits for the lost rank.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+import attrs
+import numpy as np
+
+from ..config import Config
+from ..errors import RankError, RankLost
+from ..plan import Plan
+from ..runtime import Session
+from ..runtime.transport import regroup as regroup_ranks
+from ..runtime.transport import world_comm
+from ..text import count
+from . import parameter_server
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+KEPT = 3
+"""Snapshots a rank keeps: ranks are at most one run apart when a worker is lost (a
+worker's next pull waits for every server's update of its last step)."""
+
+
+def possible(config: Config, plan: Plan) -> bool:
+    """Whether the run may lose workers: parameter servers, over ranks."""
+    return config.parallel.parameter_server is not None and plan.world > 1
+
+
+def losable(config: Config, plan: Plan) -> frozenset[int]:
+    """The ranks the run can go on without: those holding workers' devices only, while
+    the others hold some worker."""
+    if not possible(config, plan):
+        return frozenset()
+    servers = set(parameter_server.server_devices(config))
+    replicas = config.parallel.data_parallel
+    ranks = set(plan.ranks.values())
+    return frozenset(
+        r
+        for r in ranks
+        if not servers & _devices(plan, r)
+        and len(parameter_server.replicas_on(config, _devices(plan, r))) < replicas
+    )
+
+
+def _devices(plan: Plan, rank: int) -> set[str]:
+    return {d for d, r in plan.ranks.items() if r == rank}
+
+
+class Snapshots:
+    """A rank's values (``Session.values``) after its latest runs, by step."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, dict[str, np.ndarray]] = {}
+
+    def take(self, step: int, session: Session) -> None:
+        self.held[step] = session.values()
+        for old in sorted(self.held)[:-KEPT]:
+            del self.held[old]
+
+
+@attrs.frozen
+class Regrouped:
+    """What the survivors go on with: the config, its plan, the step and this rank's values."""
+
+    config: Config
+    plan: Plan
+    step: int
+    values: dict[str, np.ndarray]
+    told: str
+    """What happened, in a line: which worker was lost, at which step, and how many are left."""
+
+
+def regroup(
+    config: Config, plan: Plan, lost: RankLost, snapshots: Snapshots, compile: Callable[[Config, int], Plan]
+) -> Regrouped:
+    """Go on without ``lost``'s rank (see the module); every survivor calls it with the
+    same lost rank. ``compile(config, ranks)`` makes a plan."""
+    devices = sorted(_devices(plan, lost.rank))
+    workers = parameter_server.replicas_on(config, devices)
+    rank, size = regroup_ranks({lost.rank})
+    step = min(world_comm().allgather(max(snapshots.held)))
+    if step not in snapshots.held:
+        raise RankError(
+            f"rank {rank} can't go on without rank {lost.rank}: it holds the values of steps "
+            f"{sorted(snapshots.held)}, not of step {step}, where every other rank can go on from"
+        )
+    left = parameter_server.without(config, workers)
+    told = (
+        f"lost {'worker' if len(workers) == 1 else 'workers'} {', '.join(map(str, workers))} (rank {lost.rank}, "
+        f"{', '.join(devices)}): going on from step {step} with {count(left.parallel.data_parallel, 'worker')} "
+        f"on {size} ranks"
+    )
+    return Regrouped(left, compile(left, size), step, _without_clocks(snapshots.held[step], workers), told)
+
+
+def _without_clocks(values: dict[str, np.ndarray], workers: list[int]) -> dict[str, np.ndarray]:
+    """``values`` without the lost workers' entries in the async updates' clocks."""
+    return {n: np.delete(v, workers) if n.endswith(".clock") else v for n, v in values.items()}
+
+
+def guard() -> None:
+    """Run the rest of this process as a child that a signal can kill without hydra taking
+    the other ranks down (see the module): fork; the child returns, the parent waits for
+    it and exits with its status (128 + N where signal N killed it), passing SIGINT,
+    SIGTERM and SIGHUP on to it. The child dies with the parent. Linux only (elsewhere
+    nothing changes); call it before any thread starts."""
+    if sys.platform != "linux":
+        return
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the line above
+            os._exit(1)
+        return
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: os.kill(child, signum))
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)

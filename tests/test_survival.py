@@ -1,0 +1,143 @@
+"""Parameter-server training going on without a lost worker (``training.survival``):
+which ranks may be lost, the config without them, and a worker SIGKILLed mid-run over
+ranks: the run finishes, names the worker and the step, and its losses equal one process
+training every worker up to that step and the workers left from it (float64, 1e-9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from actorflow.config import parse_config
+from actorflow.runtime import Session
+from actorflow.training import compile_config
+from actorflow.training.data import dataset, step_feeds
+from actorflow.training.parameter_server import replicas_on, without
+from actorflow.training.runner import local_feeds
+from actorflow.training.survival import losable
+
+MODEL = """\
+model: {kind: mlp, sizes: [6, 16, 8, 3], dtype: float64}
+data: {kind: synthetic_classification, samples: 96, seed: 1}
+train: {steps: 5, batch_size: 24, optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}}
+"""
+
+
+def _config(workers: int, servers: int, *more: str, stages: int = 1):
+    devices = iter(f"cpu:{k}" for k in range(workers * stages))
+    listed = ", ".join("[" + ", ".join(next(devices) for _ in range(workers)) + "]" for _ in range(stages))
+    text = MODEL + (
+        f"parallel: {{stages: [{listed}], data_parallel: {workers}, micro_batches: 2, "
+        f"parameter_server: {{servers: {servers}}}}}\n"
+    )
+    return parse_config(text, list(more))
+
+
+def test_without_a_worker_each_left_keeps_its_devices_and_its_share_of_a_batch():
+    config = _config(3, 1, stages=2)
+    assert replicas_on(config, ["cpu:4"]) == [1]
+    left = without(config, [1])
+    assert left.parallel.stages == (("cpu:0", "cpu:2"), ("cpu:3", "cpu:5"))
+    assert left.parallel.data_parallel == 2
+    assert left.train.batch_size == 16
+    assert left.replica_batch_size == config.replica_batch_size
+
+
+def test_the_ranks_holding_workers_only_may_be_lost_while_a_worker_is_left():
+    assert losable(_config(2, 2), compile_config(_config(2, 2), ranks=4)) == {0, 1}
+    assert losable(_config(4, 1), compile_config(_config(4, 1), ranks=3)) == {0, 1}
+    assert losable(_config(2, 1), compile_config(_config(2, 1), ranks=2)) == set()  # one worker rank
+    assert losable(_config(2, 1), compile_config(_config(2, 1), ranks=1)) == set()  # one process
+
+
+def _steps(config, values, first: int, last: int) -> tuple[list[float], dict]:
+    """Steps first..last of ``config`` in one process from ``values``: losses, values."""
+    plan = compile_config(config, ranks=1)
+    data, parts = dataset(config), local_feeds(plan, 0)
+    with Session(plan) as session:
+        if values is not None:
+            session.load(values)
+        losses = [
+            float(np.mean([o["loss"] for o in session.run(step_feeds(config, data, s, parts))]))
+            for s in range(first, last)
+        ]
+        return losses, session.values()
+
+
+def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str, dict]:
+    """Run MODEL with ``parallel`` on 3 ranks, SIGKILL rank ``rank`` once a checkpoint was
+    written, and let the others finish: their output and --metrics. No process is left."""
+    import ranks
+
+    path, metrics, ck = tmp_path / "ps.yaml", tmp_path / "m.json", tmp_path / "ck"
+    path.write_text(MODEL + f"parallel: {parallel}\nruntime: {{lost_after: 1.5}}\n")
+    run = [
+        sys.executable,
+        "-m",
+        "actorflow.cli",
+        "run",
+        str(path),
+        "--steps",
+        str(steps),
+        "--metrics",
+        str(metrics),
+    ]
+    proc = ranks.start(3, *run, "--set", f"output.checkpoint={{path: {ck}, every: 16}}")
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith("step-") for p in ck.glob("*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in 60 s"
+            time.sleep(0.02)
+        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
+        os.kill(pids[rank], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        ranks.kill(proc)
+    others = [r for r in range(3) if r != rank]
+    assert f"rank {rank} exited with status 137" in out and not any(
+        f"rank {r} exited" in out for r in others
+    ), out
+    assert ranks.wait_gone([p for p in pids if p is not None], within=5) == []
+    return out, json.loads(metrics.read_text())
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_run_the_others_finish_without_it_from_the_step_every_rank_holds(tmp_path):
+    steps = 400
+    parallel = (
+        "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 1}}"
+    )
+    out, result = _killed_mid_run(tmp_path, parallel, 1, steps)
+    told = re.search(
+        r"lost worker 1 \(rank 1, cpu:1\): going on from step (\d+) with 1 worker on 2 ranks", out
+    )
+    assert told, out
+    lost = int(told.group(1))
+    assert result["steps_run"] == steps and result["lost_workers"] == [told.group(0)]
+    before, values = _steps(_config(2, 1), None, 0, lost)
+    after, _ = _steps(without(_config(2, 1), [1]), values, lost, steps)
+    np.testing.assert_allclose(result["losses"], before + after, rtol=0, atol=1e-9)
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(120)
+def test_async_training_loses_rank_0_and_the_next_rank_reports_with_staleness_within_k(tmp_path):
+    parallel = (
+        "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, "
+        "parameter_server: {servers: 1, mode: async, staleness: 1}}"
+    )
+    out, result = _killed_mid_run(tmp_path, parallel, 0, 480)
+    assert re.search(r"\[1\] actorflow run: lost worker 0 \(rank 0, cpu:0\): going on from step \d+", out), (
+        out
+    )
+    assert result["steps_run"] == 480 and len(result["losses"]) == 480
+    assert 0 <= result["staleness"]["mean"] <= result["staleness"]["max"] <= 1
+    assert np.mean(result["losses"][-16:]) < 0.9 * np.mean(result["losses"][:16])
