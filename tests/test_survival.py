@@ -141,3 +141,31 @@ def test_async_training_loses_rank_0_and_the_next_rank_reports_with_staleness_wi
     assert result["steps_run"] == 480 and len(result["losses"]) == 480
     assert 0 <= result["staleness"]["mean"] <= result["staleness"]["max"] <= 1
     assert np.mean(result["losses"][-16:]) < 0.9 * np.mean(result["losses"][:16])
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(60)
+def test_ctrl_c_reaches_each_guarded_rank_once_the_run_stops_after_its_step(tmp_path):
+    """Through the guard, which passes the signal on to its child (in a process group of
+    its own, so that it does not hear it twice: the second raises KeyboardInterrupt)."""
+    import ranks
+
+    path = tmp_path / "ps.yaml"
+    path.write_text(
+        MODEL + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, parameter_server: {servers: 1}}\n"
+    )
+    proc = ranks.start(3, sys.executable, "-m", "actorflow.cli", "run", str(path), "--steps", "1000000")
+    try:
+        deadline = time.monotonic() + 60
+        while (pids := [ranks.rank_pid(proc.pid, r) for r in range(3)]).count(None):
+            assert proc.poll() is None and time.monotonic() < deadline, "no ranks in 60 s"
+            time.sleep(0.05)
+        time.sleep(1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        ranks.kill(proc)
+    assert proc.returncode == 130, out
+    assert re.search(r"\[0\] actorflow run: interrupted at step \d+ of 1000000", out), out
+    assert "KeyboardInterrupt" not in out and "Traceback" not in out, out
+    assert ranks.wait_gone(pids, within=5) == []

@@ -143,6 +143,7 @@ def guard() -> None:
     sys.stderr.flush()
     child = os.fork()
     if child == 0:
+        os.setpgid(0, 0)  # a signal to the parent's group reaches the child once, passed on
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # it died before the line above
             os._exit(1)
