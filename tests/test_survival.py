@@ -154,13 +154,17 @@ def test_ctrl_c_reaches_each_guarded_rank_once_the_run_stops_after_its_step(tmp_
     path.write_text(
         MODEL + "parallel: {stages: [[cpu:0, cpu:1]], data_parallel: 2, parameter_server: {servers: 1}}\n"
     )
-    proc = ranks.start(3, sys.executable, "-m", "actorflow.cli", "run", str(path), "--steps", "1000000")
+    ck = tmp_path / "ck"
+    keep = ["--set", f"output.checkpoint={{path: {ck}, every: 5}}"]
+    proc = ranks.start(
+        3, sys.executable, "-m", "actorflow.cli", "run", str(path), "--steps", "1000000", *keep
+    )
     try:
         deadline = time.monotonic() + 60
-        while (pids := [ranks.rank_pid(proc.pid, r) for r in range(3)]).count(None):
-            assert proc.poll() is None and time.monotonic() < deadline, "no ranks in 60 s"
-            time.sleep(0.05)
-        time.sleep(1)
+        while not any(p.name.startswith("step-") for p in ck.glob("*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in 60 s"
+            time.sleep(0.02)
+        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     finally:
