@@ -221,6 +221,14 @@ def _config_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _command(argv)
+    transport = sys.modules.get("actorflow.runtime.transport")
+    if transport is not None and (least := transport.unfinalized()) is not None:
+        transport.leave(max(code, least))  # without MPI_Finalize (see transport)
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     if args.command == "demo":
         from .demo import main as demo
@@ -347,7 +355,6 @@ def _run(config, args) -> int:
     from tqdm import tqdm
 
     from .files import check_outputs
-    from .runtime.transport import leave, unfinalized
     from .training import survival, train
     from .world import this_rank, world_size
 
@@ -392,7 +399,10 @@ def _run(config, args) -> int:
         if not args.quiet and this_rank() == 0 and (step + 1) % config.train.log_every == 0:
             bar.write(f"step {step + 1}/{config.train.steps} loss {loss:.4f}", file=sys.stderr)
 
-    def on_lost(told: str) -> None:
+    def on_lost(told: str, step: int) -> None:
+        nonlocal done
+        done = step
+        bar.n = step  # the steps past it run again
         if this_rank() == 0:  # of the survivors
             bar.write(f"actorflow run: {told}", file=sys.stderr)
 
@@ -413,8 +423,6 @@ def _run(config, args) -> int:
     code = 0 if result.stopped is None else result.stopped.exit_status
     if lead and result.stopped is not None:
         print(f"actorflow run: {result.stopped.text}", file=sys.stderr)
-    if unfinalized():
-        leave(code)  # without MPI_Finalize, which would wait for the lost rank
     return code
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -18,14 +19,14 @@ import pytest
 from actorflow.config import parse_config
 from actorflow.runtime import Session
 from actorflow.training import compile_config
-from actorflow.training.data import dataset, step_feeds
+from actorflow.training.data import dataset, position, step_feeds
 from actorflow.training.parameter_server import replicas_on, without
 from actorflow.training.runner import local_feeds
 from actorflow.training.survival import losable
 
 MODEL = """\
 model: {kind: mlp, sizes: [6, 16, 8, 3], dtype: float64}
-data: {kind: synthetic_classification, samples: 96, seed: 1}
+data: {kind: synthetic_classification, samples: 1000, seed: 1}
 train: {steps: 5, batch_size: 24, optimizer: {kind: sgd, lr: 0.1, momentum: 0.9}}
 """
 
@@ -57,18 +58,36 @@ def test_the_ranks_holding_workers_only_may_be_lost_while_a_worker_is_left():
     assert losable(_config(2, 1), compile_config(_config(2, 1), ranks=1)) == set()  # one process
 
 
-def _steps(config, values, first: int, last: int) -> tuple[list[float], dict]:
-    """Steps first..last of ``config`` in one process from ``values``: losses, values."""
+def test_a_rank_whose_workers_leave_another_rank_without_a_device_is_not_losable():
+    config = _config(2, 1, stages=2)  # rank 0 holds replica 0's first stage, rank 2 its second
+    assert losable(config, compile_config(config, ranks=5)) == set()
+
+
+def _steps(config, values, first: int, last: int, origin=(0, 0)) -> tuple[list[float], dict]:
+    """Steps first..last of ``config`` in one process from ``values`` (the data from
+    ``origin``, as ``data.position`` takes it): losses, values."""
     plan = compile_config(config, ranks=1)
     data, parts = dataset(config), local_feeds(plan, 0)
     with Session(plan) as session:
         if values is not None:
             session.load(values)
         losses = [
-            float(np.mean([o["loss"] for o in session.run(step_feeds(config, data, s, parts))]))
+            float(np.mean([o["loss"] for o in session.run(step_feeds(config, data, s, parts, origin))]))
             for s in range(first, last)
         ]
         return losses, session.values()
+
+
+@pytest.mark.parametrize(
+    ("ending", "status"),
+    [("sys.exit(3)", 0), ("raise ValueError('no')", 1), ("leave(3)", 3)],
+)
+def test_a_process_that_survived_a_lost_rank_ends_unfinalized_with_its_status(ending, status):
+    """0 at exit (or 1 after an uncaught exception) unless it ``leave``s with its own, as
+    ``actorflow``'s commands do; never through ``MPI_Finalize``, which would wait for the lost rank."""
+    code = f"import sys\nfrom actorflow.runtime.transport import _exit_unfinalized, leave\n_exit_unfinalized(0)\n{ending}\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == status, done.stderr
 
 
 def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str, dict]:
@@ -123,7 +142,9 @@ def test_a_worker_killed_mid_run_the_others_finish_without_it_from_the_step_ever
     lost = int(told.group(1))
     assert result["steps_run"] == steps and result["lost_workers"] == [told.group(0)]
     before, values = _steps(_config(2, 1), None, 0, lost)
-    after, _ = _steps(without(_config(2, 1), [1]), values, lost, steps)
+    # the data goes on from where it was (1000 samples: 12 * lost is a multiple only at 250)
+    origin = (lost, position(_config(2, 1), dataset(_config(2, 1)), lost))
+    after, _ = _steps(without(_config(2, 1), [1]), values, lost, steps, origin)
     np.testing.assert_allclose(result["losses"], before + after, rtol=0, atol=1e-9)
 
 

@@ -87,7 +87,8 @@ that the next Transport, ``gather`` and ``Vote`` use.
 A process whose run failed over ranks exits with status 1 at interpreter exit without
 finalizing MPI: ``MPI_Finalize`` waits for requests its peers will never match (a
 survivor of a killed rank was seen to hang there for good). One that survived a lost
-rank exits so too, with its own status.
+rank exits so too: with status 0, or 1 after an uncaught exception, unless the program
+ends with ``leave(its status)`` first (``actorflow``'s commands do).
 """
 
 from __future__ import annotations
@@ -159,15 +160,48 @@ def world_comm() -> Any:
 
 
 def regroup(lost: set[int]) -> tuple[int, int]:
-    """Make the ranks of ``world`` but ``lost`` the world, renumbered in order; returns
-    (this rank, how many). Called by every survivor, with the same ``lost``: it is
-    collective over them only, so the lost ranks need not take part."""
+    """Make the ranks of ``world_comm`` but ``lost`` the world, renumbered in order;
+    returns (this rank, how many). Called by every survivor, with the same ``lost``: it
+    is collective over them only, so the lost ranks need not take part (``within``
+    ``JOIN_TIMEOUT``: a survivor lost meanwhile would leave the others waiting)."""
     global _world
     comm = world_comm()
-    survivors = [r for r in range(comm.Get_size()) if r not in lost]
-    _world = comm.Create_group(comm.Get_group().Incl(survivors), tag=7)
+    group = comm.Get_group()
+    survivors = group.Incl([r for r in range(comm.Get_size()) if r not in lost])
+    _world = within(
+        JOIN_TIMEOUT, "regroup without the lost rank", lambda: comm.Create_group(survivors, tag=7)
+    )
+    group.Free()
+    survivors.Free()
     renumber(_world.Get_rank(), _world.Get_size())
     return _world.Get_rank(), _world.Get_size()
+
+
+def within(seconds: float, what: str, call: Callable[[], Any]) -> Any:
+    """``call()``, a blocking MPI call over the ranks, given ``seconds``: where a rank it
+    waits for was lost meanwhile it would wait for good, so this process then says so
+    and ends (``leave``, status 1)."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def called() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # noqa: BLE001 - raised on the calling thread
+            outcome.append((False, exc))
+
+    caller = threading.Thread(target=called, name="actorflow-within", daemon=True)
+    caller.start()
+    caller.join(seconds)
+    if caller.is_alive():
+        sys.stderr.write(
+            f"actorflow: rank {world_comm().Get_rank()} could not {what} within {seconds:.0f} s "
+            "(another rank was lost meanwhile, or failed)\n"
+        )
+        leave(1)
+    returned, value = outcome[0]
+    if not returned:
+        raise value
+    return value
 
 
 class Transport:
@@ -426,7 +460,7 @@ class Transport:
                                 f"{now - heard[peer]:.1f} s (its process died, hangs or was paused longer "
                                 "than lost_after, or its host is unreachable)"
                             )
-                            self._fail(self._loss(peer, lost), self._notices(f"{peer}\n{lost}", LOST))
+                            self._fail(self._loss(peer, lost), f"{peer}\n{lost}")
                             left.add(peer)
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
@@ -502,12 +536,13 @@ class Transport:
         (and not this rank itself, judged lost by another), else a failure."""
         return RankLost(peer, text) if peer in self.losable and peer != self.rank else RankError(text)
 
-    def _fail(self, exc: RankError, notices: Sequence[Any] = ()) -> None:
-        """Fail this rank, once; ``notices``: the requests telling the other ranks (of a
-        rank lost: they may not hear of it otherwise)."""
+    def _fail(self, exc: RankError, lost: str | None = None) -> None:
+        """Fail this rank, once; ``lost``: tell the other ranks this ``LOST`` notice (they
+        may not hear of a lost rank otherwise)."""
         if not self._failed:
             self._failed = True
-            self._live.extend((r, None, False) for r in notices)
+            if lost is not None:
+                self._live.extend((r, None, False) for r in self._notices(lost, LOST))
             _exit_unfinalized(0 if isinstance(exc, RankLost) else 1)
             self.on_failure(exc)
 
@@ -626,10 +661,11 @@ def _leave_now() -> None:
     leave(_exiting or 0)
 
 
-def unfinalized() -> bool:
-    """Whether this process ends without finalizing MPI (a rank failed or was lost): a
-    program that knows its exit status then ends with ``leave``."""
-    return _exiting is not None
+def unfinalized() -> int | None:
+    """Where this process must end without finalizing MPI (a rank failed or was lost),
+    the least status it exits with (else None): a program that knows its own status then
+    ends with ``leave``, at exit it would end with this one."""
+    return _exiting
 
 
 def leave(status: int) -> None:
@@ -662,23 +698,41 @@ def gather(obj: Any, check: Callable[[], None] = lambda: None) -> list | None:
     root = comm.Get_rank() == 0
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.zeros(comm.Get_size() if root else 0, np.int64)
-    _poll(comm.Igather(np.array([data.size], np.int64), sizes, root=0), check)
+    size = np.array([data.size], np.int64)
+    _poll(comm.Igather(size, sizes, root=0), check, size, sizes)
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     joined = np.empty(int(offsets[-1]), np.uint8)
-    _poll(comm.Igatherv(data, [joined, sizes, offsets[:-1], MPI.BYTE], root=0), check)
+    _poll(
+        comm.Igatherv(data, [joined, sizes, offsets[:-1], MPI.BYTE], root=0),
+        check,
+        data,
+        joined,
+        sizes,
+        offsets,
+    )
     if not root:
         return None
     return [pickle.loads(joined[a:b].tobytes()) for a, b in itertools.pairwise(offsets)]
 
 
-def _poll(request: Any, check: Callable[[], None]) -> None:
+def _poll(request: Any, check: Callable[[], None], *buffers: Any) -> None:
     """Wait for ``request``, testing it with back-off (20 µs doubling to 10 ms) and calling
-    ``check`` between the tests."""
+    ``check`` between the tests. Where ``check`` gives up, the request and its
+    ``buffers`` are kept (``_abandoned``): MPI may still write them."""
     backoff = MIN_BACKOFF
     while not request.Test():
-        check()
+        try:
+            check()
+        except BaseException:
+            _abandoned.append((request, buffers))
+            raise
         time.sleep(backoff)
         backoff = min(2 * backoff, 0.01)
+
+
+_abandoned: list[tuple[Any, Any]] = []
+"""Requests left in flight when their ranks lost one, with their buffers: freed, MPI
+could write into memory reused meanwhile (the process ends without finalizing)."""
 
 
 class Vote:
@@ -705,5 +759,8 @@ class Vote:
         return bool(self._flags[1])
 
     def forget(self) -> None:
-        """Leave the ask out unanswered (its world lost a rank)."""
-        self._request = None
+        """Leave the ask out unanswered (its world lost a rank), with its flags: MPI may
+        still write them."""
+        if self._request is not None:
+            _abandoned.append((self._request, self._flags))
+        self._request, self._flags = None, np.zeros(2, np.uint8)

@@ -195,18 +195,27 @@ WHOLE = {"x": Part("x"), "labels": Part("labels")}
 """The feeds of a run whose rank holds every device: each array whole."""
 
 
-def position(config: Config, data: Data, step: int) -> int:
-    """The data position of step ``step``: the sample its batch starts at."""
-    return step * config.train.batch_size % len(data["x"])
+def position(config: Config, data: Data, step: int, origin: tuple[int, int] = (0, 0)) -> int:
+    """The data position of step ``step``: the sample its batch starts at. ``origin``: (a
+    step, the sample its batch starts at), where the batch size changed (a run that lost
+    parameter servers' workers); the steps after it go on from there."""
+    first, sample = origin
+    return (sample + (step - first) * config.train.batch_size) % len(data["x"])
 
 
-def step_feeds(config: Config, data: Data, step: int, parts: dict[str, Part] | None = None) -> list[Data]:
+def step_feeds(
+    config: Config,
+    data: Data,
+    step: int,
+    parts: dict[str, Part] | None = None,
+    origin: tuple[int, int] = (0, 0),
+) -> list[Data]:
     """Step ``step``'s global batch (the next batch_size samples, wrapping around), as one
     feed dict per micro-batch. ``parts``: only these feeds, each named by its placeholder
     (``x[cpu:2]``) and read as its ``Part`` says (a rank reads only what its devices are
-    fed; see ``runner.local_feeds``)."""
+    fed; see ``runner.local_feeds``); ``origin`` as in ``position``."""
     batch, rows = config.train.batch_size, config.micro_batch_size
-    index = (position(config, data, step) + np.arange(batch)) % len(data["x"])
+    index = (position(config, data, step, origin) + np.arange(batch)) % len(data["x"])
     return [read_parts(data, index[k : k + rows], parts or WHOLE) for k in range(0, batch, rows)]
 
 

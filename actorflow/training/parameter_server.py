@@ -142,14 +142,15 @@ def run_end(config: Config, step: int) -> int:
     return min(steps, step + STEPS_PER_RUN, (step // every + 1) * every)
 
 
-def staleness(values: Mapping[str, np.ndarray]) -> tuple[int, int, int]:
+def staleness(values: Mapping[str, np.ndarray], dropped: int = 0) -> tuple[int, int, int]:
     """(updates, the sum of their staleness, the largest) counted by the async updates of
     the parameters in ``values`` (a rank's, ``Session.values``), since step 0 (they are
-    optimizer state: a checkpoint keeps them)."""
+    optimizer state: a checkpoint keeps them); ``dropped``: updates whose clocks went
+    with lost workers (``survival``), their staleness still in the sums."""
     counted = [v for n, v in values.items() if n.endswith(".staleness")]
     clocks = [v for n, v in values.items() if n.endswith(".clock")]
     return (
-        int(sum(c.sum() for c in clocks)),
+        dropped + int(sum(c.sum() for c in clocks)),
         int(sum(c[0] for c in counted)),
         int(max((c[1] for c in counted), default=0)),
     )

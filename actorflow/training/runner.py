@@ -137,7 +137,7 @@ def train(
     on_step: Callable[[int, float], None] | None = None,
     trace: str | None = None,
     resume: str | None = None,
-    on_lost: Callable[[str], None] | None = None,
+    on_lost: Callable[[str, int], None] | None = None,
 ) -> RunResult:
     """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome
     trace; ``resume``: go on from the newest checkpoint in that folder (see ``checkpoint``)
@@ -148,9 +148,10 @@ def train(
     plan, fed only its devices' slices of each batch. Each rank writes its own trace
     (``NAME.rankR.json``) and rank 0 also the merged one at ``trace``; rank 0 gathers
     what the report needs from the others once the steps are done. Under parameter
-    servers the run goes on without a lost worker (``survival``), and ``on_lost`` hears
-    what was lost, on every survivor; the config and plan the run ends with (and its
-    ``RunResult``) are those without it."""
+    servers the run goes on without a lost worker (``survival``), and ``on_lost(what,
+    step)`` hears, on every survivor, what was lost and the step the run goes on from
+    (steps past it run again); the config and plan the run ends with (and its
+    ``RunResult``, its report and trace of the steps after the loss) are those without it."""
     data = dataset(config)
     plan = compile_config(config)
     at = functools.partial(position, config, data)
@@ -158,6 +159,8 @@ def train(
     first = saved.step if saved is not None else 0
     losses: list[float] = []
     lost: list[str] = []
+    dropped = 0  # async updates counted by lost workers' clocks
+    origin = (0, 0)  # (a step, the sample its batch starts at): where the batch size last changed
     stopped = None
     snapshots = survival.Snapshots() if survival.possible(config, plan) else None
     with contextlib.ExitStack() as stack:
@@ -172,11 +175,14 @@ def train(
             step = first
             if snapshots is not None:
                 snapshots.take(step, session)
-            while step < config.train.steps:
+            while True:
                 try:
+                    if step >= config.train.steps:
+                        interrupts.finish()  # the ranks' last meeting: a loss in the last step shows here
+                        break
                     end = parameter_server.run_end(config, step)
                     outputs = session.run(
-                        [f for s in range(step, end) for f in step_feeds(config, data, s, parts)]
+                        [f for s in range(step, end) for f in step_feeds(config, data, s, parts, origin)]
                     )
                     if snapshots is not None:
                         snapshots.take(end, session)
@@ -203,18 +209,21 @@ def train(
                 except RankLost as loss:
                     assert snapshots is not None, "only a run that may lose workers has losable ranks"
                     session.close()
+                    stack.pop_all()  # let the closed session go
                     went = survival.regroup(config, plan, loss, snapshots, compile_config)
                     config, plan, step = went.config, went.plan, went.step
+                    origin = (step, at(step))  # the smaller batches go on from where the data was
+                    at = functools.partial(position, config, data, origin=origin)
                     del losses[step - first :]
                     lost.append(went.told)
+                    dropped += went.dropped
                     if on_lost is not None:
-                        on_lost(went.told)
+                        on_lost(went.told, step)
                     session = stack.enter_context(_open(config, plan, trace, went.values))
                     rank = session.rank
                     parts = local_feeds(plan, rank)
                     shard = checkpoint.arrays(plan, rank) if keep is not None else {}
                     meet = functools.partial(gather, check=session.check)
-                    at = functools.partial(position, config, data)
                     interrupts.regrouped()
         seconds = time.perf_counter() - start
         chrome = session.recorder.to_chrome()
@@ -222,7 +231,9 @@ def train(
         ordered_by = session.ordered_by
         parameters = session.parameters()
         counted = (
-            parameter_server.staleness(session.values()) if parameter_server.is_async(config) else (0, 0, 0)
+            parameter_server.staleness(session.values(), dropped)
+            if parameter_server.is_async(config)
+            else (0, 0, 0)
         )
         if trace is not None:
             write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)

@@ -69,8 +69,8 @@ class Interrupts:
         return self
 
     def __exit__(self, kind: type | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        if self._vote is not None and kind is None:
-            self._vote.answer(self._check)  # every rank completes the last one it started
+        if kind is None:
+            self.finish()
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
 
@@ -87,6 +87,11 @@ class Interrupts:
             return True
         self._vote.ask(self.heard)
         return False
+
+    def finish(self) -> None:
+        """Answer the last ask (every rank completes the last one it started)."""
+        if self._vote is not None:
+            self._vote.answer(self._check)
 
     def regrouped(self) -> None:
         """The ranks lost one (``transport.regroup``): the ask in flight is left out."""

@@ -9,7 +9,7 @@ survivor then ``regroup``s:
 
 1. the survivors make a communicator of their own, the world from then on (MPI's
    ``Comm.Create_group``, collective over them alone);
-2. they agree on the step to go on from: the least step that every survivor holds the
+2. they agree on the step to go on from: the latest step that every survivor holds the
    values of (``Snapshots``: each rank keeps its values after its latest runs; a rank
    that ran ahead, such as a server that finished an update the lost worker's gradient
    had already reached, takes its earlier ones);
@@ -39,11 +39,11 @@ import attrs
 import numpy as np
 
 from ..config import Config
-from ..errors import RankError, RankLost
+from ..errors import ConfigError, RankError, RankLost
 from ..plan import Plan
 from ..runtime import Session
+from ..runtime.transport import JOIN_TIMEOUT, within, world_comm
 from ..runtime.transport import regroup as regroup_ranks
-from ..runtime.transport import world_comm
 from ..text import count
 from . import parameter_server
 
@@ -59,19 +59,24 @@ def possible(config: Config, plan: Plan) -> bool:
 
 
 def losable(config: Config, plan: Plan) -> frozenset[int]:
-    """The ranks the run can go on without: those holding workers' devices only, while
-    the others hold some worker."""
+    """The ranks the run can go on without: those holding workers' devices only, whose
+    workers' loss leaves some worker and a layout over the ranks left (a lost worker's
+    devices on other ranks go with it: those ranks must still hold a device)."""
     if not possible(config, plan):
         return frozenset()
     servers = set(parameter_server.server_devices(config))
-    replicas = config.parallel.data_parallel
-    ranks = set(plan.ranks.values())
-    return frozenset(
-        r
-        for r in ranks
-        if not servers & _devices(plan, r)
-        and len(parameter_server.replicas_on(config, _devices(plan, r))) < replicas
-    )
+    chosen = set()
+    for rank in set(plan.ranks.values()):
+        devices = _devices(plan, rank)
+        workers = parameter_server.replicas_on(config, devices)
+        if servers & devices or len(workers) == config.parallel.data_parallel:
+            continue
+        try:
+            parameter_server.rank_devices(parameter_server.without(config, workers), plan.world - 1)
+        except ConfigError:
+            continue
+        chosen.add(rank)
+    return frozenset(chosen)
 
 
 def _devices(plan: Plan, rank: int) -> set[str]:
@@ -100,34 +105,44 @@ class Regrouped:
     values: dict[str, np.ndarray]
     told: str
     """What happened, in a line: which worker was lost, at which step, and how many are left."""
+    dropped: int
+    """The async updates the lost workers' clocks had counted (``parameter_server.staleness``)."""
 
 
 def regroup(
     config: Config, plan: Plan, lost: RankLost, snapshots: Snapshots, compile: Callable[[Config, int], Plan]
 ) -> Regrouped:
     """Go on without ``lost``'s rank (see the module); every survivor calls it with the
-    same lost rank. ``compile(config, ranks)`` makes a plan."""
+    same lost rank. ``compile(config, ranks)`` makes a plan. ``snapshots`` then holds the
+    values the run goes on from alone."""
     devices = sorted(_devices(plan, lost.rank))
     workers = parameter_server.replicas_on(config, devices)
     rank, size = regroup_ranks({lost.rank})
-    step = min(world_comm().allgather(max(snapshots.held)))
-    if step not in snapshots.held:
+    held = within(JOIN_TIMEOUT, "agree on a step", lambda: world_comm().allgather(set(snapshots.held)))
+    common = set.intersection(*held)
+    if not common:
         raise RankError(
-            f"rank {rank} can't go on without rank {lost.rank}: it holds the values of steps "
-            f"{sorted(snapshots.held)}, not of step {step}, where every other rank can go on from"
+            f"the ranks left without rank {lost.rank} hold the values of no step in common: "
+            f"{', '.join(f'rank {r}: steps {sorted(h)}' for r, h in enumerate(held))}"
         )
+    step = max(common)
+    values, dropped = _without_clocks(snapshots.held[step], workers)
+    snapshots.held = {step: values}
     left = parameter_server.without(config, workers)
     told = (
         f"lost {'worker' if len(workers) == 1 else 'workers'} {', '.join(map(str, workers))} (rank {lost.rank}, "
         f"{', '.join(devices)}): going on from step {step} with {count(left.parallel.data_parallel, 'worker')} "
         f"on {size} ranks"
     )
-    return Regrouped(left, compile(left, size), step, _without_clocks(snapshots.held[step], workers), told)
+    return Regrouped(left, compile(left, size), step, values, told, dropped)
 
 
-def _without_clocks(values: dict[str, np.ndarray], workers: list[int]) -> dict[str, np.ndarray]:
-    """``values`` without the lost workers' entries in the async updates' clocks."""
-    return {n: np.delete(v, workers) if n.endswith(".clock") else v for n, v in values.items()}
+def _without_clocks(values: dict[str, np.ndarray], workers: list[int]) -> tuple[dict[str, np.ndarray], int]:
+    """``values`` without the lost workers' entries in the async updates' clocks (indexed
+    by worker), and the updates those entries counted."""
+    kept = {n: np.delete(v, workers) if n.endswith(".clock") else v for n, v in values.items()}
+    dropped = sum(int(v[workers].sum()) for n, v in values.items() if n.endswith(".clock"))
+    return kept, dropped
 
 
 def guard() -> None:
@@ -138,19 +153,25 @@ def guard() -> None:
     nothing changes); call it before any thread starts."""
     if sys.platform != "linux":
         return
+    if "mpi4py.MPI" in sys.modules:
+        raise RuntimeError("survival.guard() runs before MPI starts (before mpi4py.MPI is imported)")
     parent = os.getpid()
     sys.stdout.flush()
     sys.stderr.flush()
+    passed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, passed)  # till the parent passes them on
     child = os.fork()
     if child == 0:
         os.setpgid(0, 0)  # a signal to the parent's group reaches the child once, passed on
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # it died before the line above
             os._exit(1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in passed:
         signal.signal(sig, lambda signum, frame: os.kill(child, signum))
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
     os._exit(128 - code if code < 0 else code)
