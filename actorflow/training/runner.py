@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from ..trace.parse import parse
 from ..trace.recorder import TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
 from . import checkpoint, parameter_server, survival
-from .data import Part, dataset, position, step_feeds
+from .data import Data, Part, dataset, position, step_feeds
 from .model import build_graph
 from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
@@ -156,82 +155,119 @@ def train(
     plan = compile_config(config)
     at = functools.partial(position, config, data)
     saved = checkpoint.load(resume, config, plan, at, this_rank()) if resume is not None else None
-    first = saved.step if saved is not None else 0
-    losses: list[float] = []
-    lost: list[str] = []
-    dropped = 0  # async updates counted by lost workers' clocks
-    origin = (0, 0)  # (a step, the sample its batch starts at): where the batch size last changed
-    stopped = None
-    snapshots = survival.Snapshots() if survival.possible(config, plan) else None
-    with contextlib.ExitStack() as stack:
-        session = stack.enter_context(_open(config, plan, trace, saved.values if saved else None))
-        rank = session.rank
-        parts = local_feeds(plan, rank)
-        keep = config.output.checkpoint
-        shard = checkpoint.arrays(plan, rank) if keep is not None else {}
-        meet = None if plan.world == 1 else functools.partial(gather, check=session.check)
+    with _Training(config, plan, data, trace, saved) as run:
         start = time.perf_counter()
-        with Interrupts(plan.world, lambda: session.check()) as interrupts:
-            step = first
-            if snapshots is not None:
-                snapshots.take(step, session)
+        stopped = run.steps(on_step, on_lost)
+        return run.result(stopped, time.perf_counter() - start)
+
+
+class _Training:
+    """This rank's side of a training run (``train``): the config and plan it runs, which
+    change where it loses workers (``survival``), its session of the plan, and the steps'
+    losses. A context manager: leaving it closes the session."""
+
+    def __init__(
+        self, config: Config, plan: Plan, data: Data, trace: str | None, saved: checkpoint.Checkpoint | None
+    ) -> None:
+        self.data, self.trace = data, trace
+        self.first = self.step = saved.step if saved is not None else 0
+        self.losses: list[float] = []
+        self.lost: list[str] = []  # what was lost, a line each
+        self.dropped = 0  # async updates counted by lost workers' clocks
+        self.origin = (0, 0)  # (a step, the sample its batch starts at): where the batch size last changed
+        self.snapshots = survival.Snapshots() if survival.possible(config, plan) else None
+        self._open(config, plan, saved.values if saved is not None else None)
+
+    def _open(self, config: Config, plan: Plan, values: dict[str, np.ndarray] | None) -> None:
+        self.config, self.plan = config, plan
+        self.session = _open(config, plan, self.trace, values)
+        self.rank = self.session.rank
+        self.parts = local_feeds(plan, self.rank)
+        self.shard = checkpoint.arrays(plan, self.rank) if config.output.checkpoint is not None else {}
+        self.at = functools.partial(position, config, self.data, origin=self.origin)
+
+    def __enter__(self) -> _Training:
+        return self
+
+    def __exit__(self, kind: type | None, exc: BaseException | None, tb: object) -> None:
+        self.session.__exit__(kind, exc, tb)
+
+    def steps(
+        self, on_step: Callable[[int, float], None] | None, on_lost: Callable[[str, int], None] | None
+    ) -> Stop | None:
+        """Train up to train.steps (as ``train`` says); why the run stopped early, if it did."""
+        with Interrupts(self.plan.world, lambda: self.session.check()) as interrupts:
+            if self.snapshots is not None:
+                self.snapshots.take(self.step, self.session)
             while True:
                 try:
-                    if step >= config.train.steps:
+                    if self.step >= self.config.train.steps:
                         interrupts.finish()  # the ranks' last meeting: a loss in the last step shows here
-                        break
-                    end = parameter_server.run_end(config, step)
-                    outputs = session.run(
-                        [f for s in range(step, end) for f in step_feeds(config, data, s, parts, origin)]
-                    )
-                    if snapshots is not None:
-                        snapshots.take(end, session)
-                    m = len(outputs) // (end - step)
-                    for k in range(end - step):
-                        losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
-                        if on_step is not None:
-                            on_step(step + k, losses[-1])
-                        if config.train.stop_on_nonfinite and (
-                            stopped := nonfinite(losses, config.train.steps, first)
-                        ):
-                            break
-                    if stopped:
-                        break
-                    step = end
-                    if interrupts.stop_now() and step < config.train.steps:
-                        stopped = Stop("interrupted", f"interrupted at step {step} of {config.train.steps}")
-                    if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
-                        checkpoint.save(
-                            keep.path, step, session.values(), shard, config, at(step), rank, meet
-                        )
-                    if stopped:
-                        break
+                        return None
+                    if stopped := self._run(on_step) or self._between(interrupts):
+                        return stopped
                 except RankLost as loss:
-                    assert snapshots is not None, "only a run that may lose workers has losable ranks"
-                    session.close()
-                    stack.pop_all()  # let the closed session go
-                    went = survival.regroup(config, plan, loss, snapshots, compile_config)
-                    config, plan, step = went.config, went.plan, went.step
-                    origin = (step, at(step))  # the smaller batches go on from where the data was
-                    at = functools.partial(position, config, data, origin=origin)
-                    del losses[step - first :]
-                    lost.append(went.told)
-                    dropped += went.dropped
-                    if on_lost is not None:
-                        on_lost(went.told, step)
-                    session = stack.enter_context(_open(config, plan, trace, went.values))
-                    rank = session.rank
-                    parts = local_feeds(plan, rank)
-                    shard = checkpoint.arrays(plan, rank) if keep is not None else {}
-                    meet = functools.partial(gather, check=session.check)
+                    self._regroup(loss, on_lost)
                     interrupts.regrouped()
-        seconds = time.perf_counter() - start
+
+    def _run(self, on_step: Callable[[int, float], None] | None) -> Stop | None:
+        """One ``Session.run`` of the steps from ``step`` on (``parameter_server.run_end``):
+        their losses; a stop at a loss that is not finite."""
+        config, step = self.config, self.step
+        end = parameter_server.run_end(config, step)
+        feeds = [
+            f for s in range(step, end) for f in step_feeds(config, self.data, s, self.parts, self.origin)
+        ]
+        outputs = self.session.run(feeds)
+        if self.snapshots is not None:
+            self.snapshots.take(end, self.session)
+        m = len(outputs) // (end - step)
+        for k in range(end - step):
+            self.losses.append(float(np.mean([o["loss"] for o in outputs[k * m : (k + 1) * m]])))
+            if on_step is not None:
+                on_step(step + k, self.losses[-1])
+            if config.train.stop_on_nonfinite and (
+                stopped := nonfinite(self.losses, config.train.steps, self.first)
+            ):
+                return stopped
+        self.step = end
+        return None
+
+    def _between(self, interrupts: Interrupts) -> Stop | None:
+        """Between runs: a Ctrl-C that some rank heard, and the checkpoint due."""
+        config, step = self.config, self.step
+        stopped = None
+        if interrupts.stop_now() and step < config.train.steps:
+            stopped = Stop("interrupted", f"interrupted at step {step} of {config.train.steps}")
+        keep = config.output.checkpoint
+        if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
+            meet = None if self.plan.world == 1 else functools.partial(gather, check=self.session.check)
+            values = self.session.values()
+            checkpoint.save(keep.path, step, values, self.shard, config, self.at(step), self.rank, meet)
+        return stopped
+
+    def _regroup(self, loss: RankLost, on_lost: Callable[[str, int], None] | None) -> None:
+        """Go on without the lost rank's workers (``survival.regroup``)."""
+        assert self.snapshots is not None, "only a run that may lose workers has losable ranks"
+        self.session.close()
+        went = survival.regroup(self.config, self.plan, loss, self.snapshots, compile_config)
+        self.origin = (went.step, self.at(went.step))  # the smaller batches go on from where the data was
+        self.step = went.step
+        del self.losses[went.step - self.first :]
+        self.lost.append(went.told)
+        self.dropped += went.dropped
+        if on_lost is not None:
+            on_lost(went.told, went.step)
+        self._open(went.config, went.plan, went.values)
+
+    def result(self, stopped: Stop | None, seconds: float) -> RunResult:
+        """What the run did (``measure``): over ranks, rank 0 gathers the others' parts."""
+        session, config, plan, rank, trace = self.session, self.config, self.plan, self.rank, self.trace
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
-        ordered_by = session.ordered_by
         parameters = session.parameters()
         counted = (
-            parameter_server.staleness(session.values(), dropped)
+            parameter_server.staleness(session.values(), self.dropped)
             if parameter_server.is_async(config)
             else (0, 0, 0)
         )
@@ -239,38 +275,35 @@ def train(
             write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
         # gathered while the session still hears of lost ranks, so none waits for good
         gathered = gather((chrome, stats, parameters, counted), session.check) if plan.world > 1 else None
-    if gathered is not None:
-        for _, their_stats, their_parameters, _ in gathered:
-            stats |= their_stats
-            parameters |= their_parameters
-        parameters = assemble(plan.logical, "parameter", parameters)
-        chrome = merge([c for c, *_ in gathered])
-        counted = parameter_server.summed([c for *_, c in gathered])
-        if trace is not None:
-            write_chrome(with_config(chrome, config), trace)
-    return attrs.evolve(
-        measure(
+        if gathered is not None:
+            for _, their_stats, their_parameters, _ in gathered:
+                stats |= their_stats
+                parameters |= their_parameters
+            parameters = assemble(plan.logical, "parameter", parameters)
+            chrome = merge([c for c, *_ in gathered])
+            counted = parameter_server.summed([c for *_, c in gathered])
+            if trace is not None:
+                write_chrome(with_config(chrome, config), trace)
+        measured = measure(
             config,
             plan,
             chrome,
             stats,
             seconds,
-            steps=len(losses),
-            losses=losses,
+            steps=len(self.losses),
+            losses=self.losses,
             parameters=parameters,
-            ordered_by=ordered_by,
+            ordered_by=session.ordered_by,
             stopped=stopped,
             ours=[
                 plan.world == 1 or rank == 0 or plan.rank_of(stage[0]) == rank
                 for stage in config.parallel.stages
             ],
             trace_note=chrome.get("otherData", {}).get("note", "") if trace is not None else "",
-            first_step=first,
+            first_step=self.first,
             staleness=parameter_server.described(counted),
-        ),
-        lost=tuple(lost),
-        ended_with=config if lost else None,
-    )
+        )
+        return attrs.evolve(measured, lost=tuple(self.lost), ended_with=config if self.lost else None)
 
 
 def _open(config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None) -> Session:
