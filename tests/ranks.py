@@ -108,6 +108,19 @@ def rank_pid(launcher: int, rank: int) -> int | None:
     return min(guarded or found, default=None)
 
 
+def wait_for_checkpoint(proc: subprocess.Popen, folder: Path, n: int, within: float = 60) -> list[int]:
+    """Wait until the run on ``n`` ranks that ``proc`` launched has written a checkpoint
+    into ``folder`` (every rank is past its start); then its ranks' pids (``rank_pid``)."""
+    deadline = time.monotonic() + within
+    while not any(p.name.startswith("step-") for p in folder.glob("*")):
+        assert proc.poll() is None and time.monotonic() < deadline, f"no checkpoint in {within} s"
+        time.sleep(0.02)
+    found = [rank_pid(proc.pid, r) for r in range(n)]
+    pids = [pid for pid in found if pid is not None]
+    assert len(pids) == n, f"ranks {found} (None: not found)"
+    return pids
+
+
 def wait_gone(pids: list[int], within: float) -> list[int]:
     """The pids still alive after ``within`` seconds."""
     deadline = time.monotonic() + within

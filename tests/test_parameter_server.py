@@ -189,13 +189,7 @@ def test_a_server_killed_stops_every_rank_within_10_s_naming_it_and_resume_finis
     keep = ["--set", f"output.checkpoint={{path: {ck}, every: 5}}"]
     proc = ranks.start(3, *run, "--steps", "1000000", *keep)
     try:
-        deadline = time.monotonic() + 60
-        while (
-            not any(p.name.startswith("step-") for p in ck.glob("*")) or ranks.rank_pid(proc.pid, 2) is None
-        ):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint or no rank 2 in 60 s"
-            time.sleep(0.05)
-        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
+        pids = ranks.wait_for_checkpoint(proc, ck, 3)
         killed = time.monotonic()
         os.kill(pids[2], signal.SIGKILL)
         out, _ = proc.communicate(timeout=30)
@@ -205,7 +199,7 @@ def test_a_server_killed_stops_every_rank_within_10_s_naming_it_and_resume_finis
     assert proc.returncode != 0
     assert ended - killed < 10, out
     assert "rank 2 was lost" in out or "rank 2 was killed by SIGKILL" in out, out
-    assert ranks.wait_gone([p for p in pids if p is not None], within=2) == []
+    assert ranks.wait_gone(pids, within=2) == []
     step = json.loads((Path(checkpoint.latest(str(ck))) / "manifest.json").read_text())["step"]
     code, out = ranks.launch(
         3,

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -110,11 +109,7 @@ def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str
     ]
     proc = ranks.start(3, *run, "--set", f"output.checkpoint={{path: {ck}, every: 16}}")
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.name.startswith("step-") for p in ck.glob("*")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in 60 s"
-            time.sleep(0.02)
-        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
+        pids = ranks.wait_for_checkpoint(proc, ck, 3)
         os.kill(pids[rank], signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -123,7 +118,7 @@ def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str
     assert f"rank {rank} exited with status 137" in out and not any(
         f"rank {r} exited" in out for r in others
     ), out
-    assert ranks.wait_gone([p for p in pids if p is not None], within=5) == []
+    assert ranks.wait_gone(pids, within=5) == []
     return out, json.loads(metrics.read_text())
 
 
@@ -181,11 +176,7 @@ def test_ctrl_c_reaches_each_guarded_rank_once_the_run_stops_after_its_step(tmp_
         3, sys.executable, "-m", "actorflow.cli", "run", str(path), "--steps", "1000000", *keep
     )
     try:
-        deadline = time.monotonic() + 60
-        while not any(p.name.startswith("step-") for p in ck.glob("*")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint in 60 s"
-            time.sleep(0.02)
-        pids = [ranks.rank_pid(proc.pid, r) for r in range(3)]
+        pids = ranks.wait_for_checkpoint(proc, ck, 3)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
     finally:
