@@ -133,3 +133,21 @@ def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it
     idle, polling, idle_again, ended = json.loads(done.stdout)
     assert idle > 0.9 and idle_again > 0.9 and polling < 0.1, done.stdout
     assert len(ended) == 2 and max(ended) < 1.0, done.stdout
+
+
+@pytest.mark.parametrize(
+    ("cores_per_rank", "busy", "stays"),
+    [(2.0, True, True), (1.0, False, True), (1.0, True, False), (0.5, False, False), (0.5, True, False)],
+)
+def test_a_wait_stays_in_mpi_with_a_core_to_spare_or_idle_with_a_core_per_rank(cores_per_rank, busy, stays):
+    """Never where the node has fewer cores than ranks: MPICH's wait spins, on the core
+    the rank it waits for needs."""
+    pytest.importorskip("mpi4py", reason="the transport runs on MPI: pip install '.[test]'")
+    from actorflow.runtime.transport import Transport
+
+    transport = Transport(1)
+    transport._cores_per_rank = cores_per_rank
+    transport.threads = 1
+    transport.spare_core = cores_per_rank >= transport.threads + 1
+    transport.busy = lambda: busy
+    assert transport.stays() is stays
