@@ -26,8 +26,10 @@ transport thread and back: two wake-ups fewer per collective. Each collective st
 has a communicator of its own, so every rank still starts the collectives on it in one
 order. While some compute stream of the rank is busy, the waiting thread polls with
 back-off (``MIN_BACKOFF`` doubling to ``MOVING_BACKOFF``: a rank that came early waits
-for the others, and they need its polls to move the data). While they are idle, or the
-rank has a core to spare, it stays in MPI: blocked in ``Waitsome`` on its requests and
+for the others, and they need its polls to move the data). While they are idle (on a
+node with a core per rank: else MPICH's spinning wait would take the core of the rank
+it waits for), or the rank has a core to spare, it stays in MPI (``stays``): blocked in
+``Waitsome`` on its requests and
 on a receive from this process of its own, which the transport thread sends it
 (``_wake``) once the rank got busy (it looks every ``WATCH_EVERY`` meanwhile) or the
 transport stops: a closing runtime and a lost or failed rank end the wait as they end
