@@ -11,13 +11,16 @@ import re
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from actorflow.config import parse_config
+from actorflow.errors import CheckpointError
 from actorflow.runtime import Session
-from actorflow.training import compile_config
+from actorflow.training import checkpoint, compile_config
 from actorflow.training.data import dataset, position, step_feeds
 from actorflow.training.parameter_server import replicas_on, without
 from actorflow.training.runner import local_feeds
@@ -89,9 +92,10 @@ def test_a_process_that_survived_a_lost_rank_ends_unfinalized_with_its_status(en
     assert done.returncode == status, done.stderr
 
 
-def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str, dict]:
-    """Run MODEL with ``parallel`` on 3 ranks, SIGKILL rank ``rank`` once a checkpoint was
-    written, and let the others finish: their output and --metrics. No process is left."""
+def _killed_mid_run(tmp_path, parallel: str, kills: list[int], steps: int, n: int = 3) -> tuple[str, dict]:
+    """Run MODEL with ``parallel`` on ``n`` ranks and SIGKILL the ranks ``kills`` one
+    after another: the first once a checkpoint was written, each next once one was
+    written by the ranks left. Their output and --metrics; no process is left."""
     import ranks
 
     path, metrics, ck = tmp_path / "ps.yaml", tmp_path / "m.json", tmp_path / "ck"
@@ -107,19 +111,31 @@ def _killed_mid_run(tmp_path, parallel: str, rank: int, steps: int) -> tuple[str
         "--metrics",
         str(metrics),
     ]
-    proc = ranks.start(3, *run, "--set", f"output.checkpoint={{path: {ck}, every: 16}}")
+    proc = ranks.start(n, *run, "--set", f"output.checkpoint={{path: {ck}, every: 16}}")
     try:
-        pids = ranks.wait_for_checkpoint(proc, ck, 3)
-        os.kill(pids[rank], signal.SIGKILL)
+        pids = ranks.wait_for_checkpoint(proc, ck, n)
+        for k, rank in enumerate(kills):
+            deadline = time.monotonic() + 60
+            while k and _world_of_latest(ck) != n - k:
+                assert proc.poll() is None and time.monotonic() < deadline, f"no checkpoint of {n - k} ranks"
+                time.sleep(0.02)
+            os.kill(pids[rank], signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
     finally:
         ranks.kill(proc)
-    others = [r for r in range(3) if r != rank]
-    assert f"rank {rank} exited with status 137" in out and not any(
-        f"rank {r} exited" in out for r in others
-    ), out
+    for r in range(n):
+        assert (f"rank {r} exited with status 137" in out) == (r in kills), out
+    assert not any(f"rank {r} exited" in out for r in range(n) if r not in kills), out
     assert ranks.wait_gone(pids, within=5) == []
     return out, json.loads(metrics.read_text())
+
+
+def _world_of_latest(folder) -> int | None:
+    """The ranks that wrote the newest checkpoint in ``folder``, if one is there."""
+    try:
+        return json.loads((Path(checkpoint.latest(str(folder))) / "manifest.json").read_text())["world"]
+    except (CheckpointError, OSError, ValueError):
+        return None
 
 
 @pytest.mark.xdist_group("mpi")
@@ -129,9 +145,9 @@ def test_a_worker_killed_mid_run_the_others_finish_without_it_from_the_step_ever
     parallel = (
         "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 1}}"
     )
-    out, result = _killed_mid_run(tmp_path, parallel, 1, steps)
+    out, result = _killed_mid_run(tmp_path, parallel, [1], steps)
     told = re.search(
-        r"lost worker 1 \(rank 1, cpu:1\): going on from step (\d+) with 1 worker on 2 ranks", out
+        r"lost the worker on cpu:1 \(rank 1\): going on from step (\d+) with 1 worker on 2 ranks", out
     )
     assert told, out
     lost = int(told.group(1))
@@ -145,16 +161,23 @@ def test_a_worker_killed_mid_run_the_others_finish_without_it_from_the_step_ever
 
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(120)
-def test_async_training_loses_rank_0_and_the_next_rank_reports_with_staleness_within_k(tmp_path):
+def test_async_training_loses_rank_0_then_rank_1_and_the_next_rank_reports_with_staleness_within_k(tmp_path):
     parallel = (
-        "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, "
+        "{stages: [[cpu:0, cpu:1, cpu:2]], data_parallel: 3, micro_batches: 2, "
         "parameter_server: {servers: 1, mode: async, staleness: 1}}"
     )
-    out, result = _killed_mid_run(tmp_path, parallel, 0, 480)
-    assert re.search(r"\[1\] actorflow run: lost worker 0 \(rank 0, cpu:0\): going on from step \d+", out), (
-        out
+    out, result = _killed_mid_run(tmp_path, parallel, [0, 1], 640, n=4)
+    first = re.search(
+        r"\[1\] actorflow run: (lost the worker on cpu:0 \(rank 0\): going on from step \d+ with 2 workers on 3 ranks)",
+        out,
     )
-    assert result["steps_run"] == 480 and len(result["losses"]) == 480
+    second = re.search(
+        r"\[2\] actorflow run: (lost the worker on cpu:1 \(rank 1\): going on from step \d+ with 1 worker on 2 ranks)",
+        out,
+    )
+    assert first and second, out
+    assert result["lost_workers"] == [first.group(1), second.group(1)]
+    assert result["steps_run"] == 640 and len(result["losses"]) == 640
     assert 0 <= result["staleness"]["mean"] <= result["staleness"]["max"] <= 1
     assert np.mean(result["losses"][-16:]) < 0.9 * np.mean(result["losses"][:16])
 

@@ -153,6 +153,7 @@ def mpi() -> Any:
 
 
 _world: Any = None  # the survivors' communicator, once ``regroup`` made one
+_launched: list[int] | None = None  # per rank of ``_world``, its rank as launched
 
 
 def world_comm() -> Any:
@@ -166,10 +167,12 @@ def regroup(lost: set[int]) -> tuple[int, int]:
     returns (this rank, how many). Called by every survivor, with the same ``lost``: it
     is collective over them only, so the lost ranks need not take part (``within``
     ``JOIN_TIMEOUT``: a survivor lost meanwhile would leave the others waiting)."""
-    global _world
+    global _world, _launched
     comm = world_comm()
     group = comm.Get_group()
-    survivors = group.Incl([r for r in range(comm.Get_size()) if r not in lost])
+    kept = [r for r in range(comm.Get_size()) if r not in lost]
+    _launched = [launched_rank(r) for r in kept]
+    survivors = group.Incl(kept)
     _world = within(
         JOIN_TIMEOUT, "regroup without the lost rank", lambda: comm.Create_group(survivors, tag=7)
     )
@@ -177,6 +180,11 @@ def regroup(lost: set[int]) -> tuple[int, int]:
     survivors.Free()
     renumber(_world.Get_rank(), _world.Get_size())
     return _world.Get_rank(), _world.Get_size()
+
+
+def launched_rank(rank: int) -> int:
+    """Rank ``rank`` of ``world_comm`` as the launcher numbered it."""
+    return rank if _launched is None else _launched[rank]
 
 
 def within(seconds: float, what: str, call: Callable[[], Any]) -> Any:
@@ -252,6 +260,7 @@ class Transport:
         self._stream: Callable[[list[Any]], None] = lambda messages: None
         self._closed = False
         self._failed = False
+        self._held: list[tuple[float, Any]] = []  # MPI errors awaiting a loss's verdict: (until, error)
         self.thread = threading.Thread(target=self._loop, name=f"rank{self.rank}/transport", daemon=True)
 
     async def connect(self, groups: Sequence[tuple[Hashable, tuple[int, ...]]], digest: bytes) -> None:
@@ -435,7 +444,12 @@ class Transport:
                         messages.append(item)
                 live = self._live
                 if live:
-                    finished = MPI.Request.Testsome([x[0] for x in live]) or []
+                    try:
+                        finished = MPI.Request.Testsome([x[0] for x in live]) or []
+                    except MPI.Exception:
+                        if not self.losable:
+                            raise
+                        finished = self._hold_errors(live)
                     if finished:
                         news = True
                         finished_set = set(finished)
@@ -449,6 +463,8 @@ class Transport:
                 now = time.monotonic()
                 if now >= next_control:
                     next_control = now + CONTROL_EVERY
+                    if self._held and now > self._held[0][0]:  # no loss explains it: a failure
+                        self._fail(RankError(f"rank {self.rank}: MPI failed: {self._held[0][1]}"))
                     if now - last_control > self.lost_after / 2:  # this rank was paused
                         heard = dict.fromkeys(self.peers, now)
                     last_control = now
@@ -494,6 +510,23 @@ class Transport:
         finally:
             self._closed = True
             self._wake()
+
+    def _hold_errors(self, live: list) -> list[int]:
+        """After ``Testsome`` raised, with ``losable`` peers: test each request alone; the
+        indices of those that completed, the failed ones among them. MPI may see a peer's
+        death (a failed request to it) before the heartbeats do, so a failure is held
+        (``_held``) for ``lost_after``: a ``RankLost`` meanwhile is the verdict, else it
+        fails this rank as any MPI error does."""
+        finished = []
+        for k, (request, _, _) in enumerate(live):
+            try:
+                if request.Test():
+                    finished.append(k)
+            except self.MPI.Exception as exc:
+                finished.append(k)
+                live[k] = (request, None, False)  # its callback would fail the run at once
+                self._held.append((time.monotonic() + self.lost_after, exc))
+        return finished
 
     def _start(self, start: Callable[[], Any], done: Done | None, moving: bool) -> None:
         """On the transport thread: start what was handed over, and poll its requests."""

@@ -42,7 +42,7 @@ from ..config import Config
 from ..errors import ConfigError, RankError, RankLost
 from ..plan import Plan
 from ..runtime import Session
-from ..runtime.transport import JOIN_TIMEOUT, within, world_comm
+from ..runtime.transport import JOIN_TIMEOUT, launched_rank, within, world_comm
 from ..runtime.transport import regroup as regroup_ranks
 from ..text import count
 from . import parameter_server
@@ -117,6 +117,7 @@ def regroup(
     values the run goes on from alone."""
     devices = sorted(_devices(plan, lost.rank))
     workers = parameter_server.replicas_on(config, devices)
+    launched = launched_rank(lost.rank)  # as the user knows it, before this or an earlier regroup
     rank, size = regroup_ranks({lost.rank})
     held = within(JOIN_TIMEOUT, "agree on a step", lambda: world_comm().allgather(set(snapshots.held)))
     common = set.intersection(*held)
@@ -130,9 +131,8 @@ def regroup(
     snapshots.held = {step: values}
     left = parameter_server.without(config, workers)
     told = (
-        f"lost {'worker' if len(workers) == 1 else 'workers'} {', '.join(map(str, workers))} (rank {lost.rank}, "
-        f"{', '.join(devices)}): going on from step {step} with {count(left.parallel.data_parallel, 'worker')} "
-        f"on {size} ranks"
+        f"lost the {'worker' if len(workers) == 1 else 'workers'} on {', '.join(devices)} (rank {launched}): "
+        f"going on from step {step} with {count(left.parallel.data_parallel, 'worker')} on {size} ranks"
     )
     return Regrouped(left, compile(left, size), step, values, told, dropped)
 
