@@ -1,7 +1,9 @@
 """Parameter-server training going on without a lost worker (``training.survival``):
-which ranks may be lost, the config without them, and a worker SIGKILLed mid-run over
-ranks: the run finishes, names the worker and the step, and its losses equal one process
-training every worker up to that step and the workers left from it (float64, 1e-9)."""
+which ranks may be lost, the config without them, and workers SIGKILLed mid-run over
+ranks, one after another: the run finishes, names each worker and the step, and its
+losses equal one process training the workers there were between the losses (float64,
+1e-9); async loses the lead and goes on; a Ctrl-C through the guards; how a process
+that survived a loss exits."""
 
 from __future__ import annotations
 
@@ -140,46 +142,54 @@ def _world_of_latest(folder) -> int | None:
 
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(120)
-def test_a_worker_killed_mid_run_the_others_finish_without_it_from_the_step_every_rank_holds(tmp_path):
+def test_two_workers_killed_one_after_another_the_others_finish_from_the_step_every_rank_holds(tmp_path):
+    """Sync, 3 workers and a server; rank 0 (the lead) killed, then rank 1: each time the
+    next rank reports, and the losses equal one process training the workers there were
+    between the losses, each time from the step the ranks went on from."""
     steps = 400
-    parallel = (
-        "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, parameter_server: {servers: 1}}"
-    )
-    out, result = _killed_mid_run(tmp_path, parallel, [1], steps)
-    told = re.search(
-        r"lost the worker on cpu:1 \(rank 1\): going on from step (\d+) with 1 worker on 2 ranks", out
-    )
-    assert told, out
-    lost = int(told.group(1))
-    assert result["steps_run"] == steps and result["lost_workers"] == [told.group(0)]
-    before, values = _steps(_config(2, 1), None, 0, lost)
-    # the data goes on from where it was (1000 samples: 12 * lost is a multiple only at 250)
-    origin = (lost, position(_config(2, 1), dataset(_config(2, 1)), lost))
-    after, _ = _steps(without(_config(2, 1), [1]), values, lost, steps, origin)
-    np.testing.assert_allclose(result["losses"], before + after, rtol=0, atol=1e-9)
+    parallel = "{stages: [[cpu:0, cpu:1, cpu:2]], data_parallel: 3, micro_batches: 2, parameter_server: {servers: 1}}"
+    out, result = _killed_mid_run(tmp_path, parallel, [0, 1], steps, n=4)
+    told = [
+        re.search(
+            rf"\[{lead}\] actorflow run: (lost the worker on cpu:{lost} \(rank {lost}\): going on from "
+            rf"step (\d+) with {left} on {ranks} ranks)",
+            out,
+        )
+        for lead, lost, left, ranks in [(1, 0, "2 workers", 3), (2, 1, "1 worker", 2)]
+    ]
+    assert all(told), out
+    assert result["steps_run"] == steps and result["lost_workers"] == [t.group(1) for t in told]
+    first, second = (int(t.group(2)) for t in told)
+    # each loss drops the replica 0 of its config; the data goes on from where it was
+    # (1000 samples: the origin changes which samples a step reads at all but a few steps)
+    configs = [_config(3, 1)]
+    configs += [without(configs[0], [0]), without(without(configs[0], [0]), [0])]
+    data = dataset(configs[0])
+    origins = [(0, 0), (first, position(configs[0], data, first))]
+    origins.append((second, position(configs[1], data, second, origins[1])))
+    losses, values = [], None
+    for config, origin, (a, b) in zip(configs, origins, [(0, first), (first, second), (second, steps)]):
+        ran, values = _steps(config, values, a, b, origin)
+        losses += ran
+    np.testing.assert_allclose(result["losses"], losses, rtol=0, atol=1e-9)
 
 
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(120)
-def test_async_training_loses_rank_0_then_rank_1_and_the_next_rank_reports_with_staleness_within_k(tmp_path):
+def test_async_training_loses_rank_0_and_the_next_rank_reports_with_staleness_within_k(tmp_path):
     parallel = (
-        "{stages: [[cpu:0, cpu:1, cpu:2]], data_parallel: 3, micro_batches: 2, "
+        "{stages: [[cpu:0, cpu:1]], data_parallel: 2, micro_batches: 2, "
         "parameter_server: {servers: 1, mode: async, staleness: 1}}"
     )
-    out, result = _killed_mid_run(tmp_path, parallel, [0, 1], 640, n=4)
-    first = re.search(
-        r"\[1\] actorflow run: (lost the worker on cpu:0 \(rank 0\): going on from step \d+ with 2 workers on 3 ranks)",
-        out,
+    out, result = _killed_mid_run(tmp_path, parallel, [0], 480)
+    told = re.search(
+        r"\[1\] actorflow run: (lost the worker on cpu:0 \(rank 0\): going on from step \d+)", out
     )
-    second = re.search(
-        r"\[2\] actorflow run: (lost the worker on cpu:1 \(rank 1\): going on from step \d+ with 1 worker on 2 ranks)",
-        out,
-    )
-    assert first and second, out
-    assert result["lost_workers"] == [first.group(1), second.group(1)]
-    assert result["steps_run"] == 640 and len(result["losses"]) == 640
+    assert told, out
+    assert result["lost_workers"][0].startswith(told.group(1))
+    assert result["steps_run"] == 480 and len(result["losses"]) == 480
     assert 0 <= result["staleness"]["mean"] <= result["staleness"]["max"] <= 1
-    assert np.mean(result["losses"][-16:]) < 0.9 * np.mean(result["losses"][:16])
+    assert np.median(result["losses"][-160:]) < 0.9 * np.median(result["losses"][:16])
 
 
 @pytest.mark.xdist_group("mpi")

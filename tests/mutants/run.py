@@ -1,5 +1,6 @@
 """Apply known runtime bugs, one at a time, to a copy of the package and show which tests
-catch each: every mutant must make some test fail.
+catch each: every mutant must make some test fail (in its ``files``: the runtime's
+mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
     python tests/mutants/run.py            # every mutant (a few minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
@@ -36,11 +37,14 @@ class Mutant(NamedTuple):
     path: str
     old: str
     new: str
+    files: tuple[str, ...] = tuple(FILES)
+    """The test files that must catch it."""
 
 
 PROTOCOL = "actorflow/runtime/protocol.py"
 DRIVER = "actorflow/runtime/driver.py"
 REPLAY = "actorflow/runtime/replay.py"
+SURVIVAL = ("tests/test_survival.py",)
 
 MUTANTS = [
     Mutant(
@@ -110,6 +114,38 @@ MUTANTS = [
         "            if self.unfinished == 0:",
         "            if self.unfinished <= 1:",
     ),
+    Mutant(
+        "survivors-restart-the-data",
+        "after a lost worker the smaller batches start from the data as if they always had been",
+        "actorflow/training/runner.py",
+        "step_feeds(config, self.data, s, self.parts, self.origin)",
+        "step_feeds(config, self.data, s, self.parts)",
+        SURVIVAL,
+    ),
+    Mutant(
+        "a-lost-worker-fails-the-run",
+        "a losable rank's loss fails every rank, as a server's does",
+        "actorflow/runtime/transport.py",
+        "return RankLost(peer, text) if peer in self.losable and peer != self.rank else RankError(text)",
+        "return RankError(text)",
+        SURVIVAL,
+    ),
+    Mutant(
+        "no-guard",
+        "the ranks of a parameter-server run start without their guard, so hydra sees a rank die of a signal",
+        "actorflow/cli.py",
+        "        survival.guard()  # so that the run can lose a worker (see survival)",
+        "        pass",
+        SURVIVAL,
+    ),
+    Mutant(
+        "any-worker-rank-is-losable",
+        "a rank counts as losable though the workers left do not lay out over the ranks left",
+        "actorflow/training/survival.py",
+        "            parameter_server.rank_devices(parameter_server.without(config, workers), plan.world - 1)",
+        "            pass",
+        SURVIVAL,
+    ),
 ]
 
 
@@ -153,7 +189,8 @@ def main(selected: list[str]) -> int:
             copy_tree(root)
             if mutant is not None:
                 apply(root, mutant)
-            caught_by = [t.removeprefix("tests/") for f in FILES for t in failures(root, f)]
+            files = mutant.files if mutant else dict.fromkeys(f for m in mutants for f in m.files)
+            caught_by = [t.removeprefix("tests/") for f in files for t in failures(root, f)]
         name = mutant.name if mutant else "(none: the tree as it is)"
         if mutant is None:
             ok = not caught_by
