@@ -15,7 +15,8 @@ survivor then ``regroup``s:
    had already reached, takes its earlier ones);
 3. each compiles the plan of the config without the lost rank's workers
    (``parameter_server.without``: the batch shrinks with them, and sync training averages
-   over the workers left) for the survivors, and opens it with its values from that step.
+   over the workers left) for the survivors, and opens it with its values from that step;
+   the data goes on from the sample it had reached (``data.position``'s ``origin``).
 
 What is lost: the steps the survivors ran past that one (they run again, with the
 workers left), and the lost workers' share of every later batch.
