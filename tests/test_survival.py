@@ -172,6 +172,35 @@ def test_two_workers_killed_one_after_another_the_others_finish_from_the_step_ev
         ran, values = _steps(config, values, a, b, origin)
         losses += ran
     np.testing.assert_allclose(result["losses"], losses, rtol=0, atol=1e-9)
+    _resumes_without_the_lost_workers(
+        tmp_path, 2, steps, _steps(configs[2], values, steps, steps + 8, origins[2])[0]
+    )
+
+
+def _resumes_without_the_lost_workers(tmp_path, ranks_left: int, step: int, expected: list[float]) -> None:
+    """``_killed_mid_run``'s checkpoint at ``step`` resumes on the ranks left for 8 more
+    steps, equal to ``expected`` (1e-9); on other ranks, it is a one-line error."""
+    import ranks
+
+    run = [
+        sys.executable,
+        "-m",
+        "actorflow.cli",
+        "run",
+        str(tmp_path / "ps.yaml"),
+        "--resume",
+        str(tmp_path / "ck"),
+    ]
+    metrics = tmp_path / "resumed.json"
+    code, out = ranks.launch(
+        ranks_left, *run, "--steps", str(step + 8), "--metrics", str(metrics), timeout=60
+    )
+    assert code == 0, out
+    resumed = json.loads(metrics.read_text())
+    assert (resumed["first_step"], resumed["steps_run"]) == (step, 8)
+    np.testing.assert_allclose(resumed["losses"], expected, rtol=0, atol=1e-9)
+    code, out = ranks.launch(ranks_left + 1, *run, "--steps", str(step + 8), timeout=60)
+    assert code == 2 and f"resume it on {ranks_left} ranks, not {ranks_left + 1}" in out, out
 
 
 @pytest.mark.xdist_group("mpi")

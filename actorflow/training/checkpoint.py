@@ -8,7 +8,11 @@ position (the sample the next step's batch starts at, ``data.position``) and the
 config's data section, which holds every random state a run draws from: the dataset's
 generator and the initial values' are seeded by ``data.seed``, and the initial values
 are replaced by the checkpoint's. A resumed run must read the same data from the same
-position (the same batch size), or its steps would not be the ones it skipped.
+position (the same batch size), or its steps would not be the ones it skipped. A
+parameter-server run that went on without lost workers (``survival``) also writes which
+(``lost_workers``, per loss the replicas lost) and where its data went on from
+(``data_origin``): a run resuming it goes on without them too (``lost_workers``), on the
+ranks that wrote it.
 
 Written so that a kill at any moment leaves the previous checkpoint whole: every rank
 writes its shard into ``PATH/.step-NNNNNNNN.partial``, rank 0 gathers the checksums,
@@ -42,6 +46,7 @@ from ..config import Config
 from ..errors import CheckpointError
 from ..files import replaced, write_json
 from ..plan import Plan
+from . import parameter_server
 
 FORMAT = "actorflow checkpoint 1"
 MANIFEST = "manifest.json"
@@ -68,6 +73,22 @@ def step_folder(path: str, step: int) -> str:
     return os.path.join(path, f"step-{step:08d}")
 
 
+@attrs.frozen
+class LostWorkers:
+    """The workers a parameter-server run went on without (``survival``), so that its
+    checkpoints resume as the run went on: per loss, the replica numbers lost (in the
+    config before it); and the data's ``origin`` (``data.position``)."""
+
+    lost: tuple[tuple[int, ...], ...] = ()
+    origin: tuple[int, int] = (0, 0)
+
+    def applied(self, config: Config) -> Config:
+        """``config`` without the workers lost."""
+        for workers in self.lost:
+            config = parameter_server.without(config, workers)
+        return config
+
+
 def save(
     path: str,
     step: int,
@@ -77,12 +98,13 @@ def save(
     position: int,
     rank: int,
     meet: Meet | None,
+    lost: LostWorkers = LostWorkers(),
 ) -> str | None:
     """Write this rank's ``values`` after ``step`` steps as its shard of the checkpoint in
     ``path``, described by ``arrays`` (``arrays(plan, rank)``), with the data
-    ``position`` the next step reads from; ``meet``: over ranks, how the shards'
-    descriptions reach rank 0. Returns the checkpoint's folder on rank 0, once it is in
-    place; None on the others."""
+    ``position`` the next step reads from and the workers the run ``lost``; ``meet``:
+    over ranks, how the shards' descriptions reach rank 0. Returns the checkpoint's folder
+    on rank 0, once it is in place; None on the others."""
     partial = os.path.join(path, f".step-{step:08d}.partial")
     os.makedirs(partial, exist_ok=True)
     buffer = io.BytesIO()
@@ -102,6 +124,8 @@ def save(
         "data": config.to_dict()["data"],
         "shards": {shard_name(r): s for r, s in enumerate(shards)},
     }
+    if lost.lost:
+        manifest |= {"lost_workers": [list(w) for w in lost.lost], "data_origin": list(lost.origin)}
     write_json(manifest, os.path.join(partial, MANIFEST), indent=1)
     final = step_folder(path, step)
     if os.path.isdir(final):  # a checkpoint of this step from an earlier run: replaced
@@ -142,6 +166,44 @@ def latest(path: str) -> str:
     if not steps:
         raise CheckpointError(f"checkpoint {path}: no checkpoint there (no step-* folder)")
     return step_folder(path, max(steps))
+
+
+def lost_workers(path: str, config: Config, world: int) -> LostWorkers:
+    """The workers that the run which wrote the newest checkpoint in ``path`` had lost
+    (none for most), which the run resuming it goes on without too: checked against
+    ``config`` and the ``world`` of ranks it runs on. CheckpointError, one line, where
+    they don't fit."""
+    folder = latest(path)
+    manifest = _manifest(folder)
+    lost, origin = manifest.get("lost_workers", []), manifest.get("data_origin", [0, 0])
+    shaped = (
+        isinstance(lost, list)
+        and all(isinstance(w, list) and all(isinstance(k, int) for k in w) for w in lost)
+        and isinstance(origin, list)
+        and len(origin) == 2
+        and all(isinstance(k, int) for k in origin)
+    )
+    if not shaped:
+        raise CheckpointError(f"checkpoint {folder}: its manifest's lost_workers or data_origin is malformed")
+    found = LostWorkers(tuple(tuple(w) for w in lost), (origin[0], origin[1]))
+    if not found.lost:
+        return found
+    if config.parallel.parameter_server is None:
+        raise CheckpointError(f"checkpoint {folder}: written by a parameter-server run that lost workers")
+    left = config
+    for workers in found.lost:
+        replicas = left.parallel.data_parallel
+        if not workers or not all(0 <= k < replicas for k in workers) or len(set(workers)) >= replicas:
+            raise CheckpointError(
+                f"checkpoint {folder}: its lost workers {lost} are not workers of this config"
+            )
+        left = parameter_server.without(left, workers)
+    if manifest.get("world") != world:
+        raise CheckpointError(
+            f"checkpoint {folder}: written after the run lost workers {lost}, by {manifest.get('world')} ranks "
+            f"({left.parallel.data_parallel} workers left): resume it on {manifest.get('world')} ranks, not {world}"
+        )
+    return found
 
 
 def load(path: str, config: Config, plan: Plan, position: Callable[[int], int], rank: int) -> Checkpoint:

@@ -152,10 +152,16 @@ def train(
     (steps past it run again); the config and plan the run ends with (and its
     ``RunResult``, its report and trace of the steps after the loss) are those without it."""
     data = dataset(config)
+    gone = (
+        checkpoint.lost_workers(resume, config, world_size())
+        if resume is not None
+        else checkpoint.LostWorkers()
+    )
+    config = gone.applied(config)  # a run resumed goes on without the workers lost before
     plan = compile_config(config)
-    at = functools.partial(position, config, data)
+    at = functools.partial(position, config, data, origin=gone.origin)
     saved = checkpoint.load(resume, config, plan, at, this_rank()) if resume is not None else None
-    with _Training(config, plan, data, trace, saved) as run:
+    with _Training(config, plan, data, trace, saved, gone) as run:
         start = time.perf_counter()
         stopped = run.steps(on_step, on_lost)
         return run.result(stopped, time.perf_counter() - start)
@@ -167,14 +173,23 @@ class _Training:
     losses. A context manager: leaving it closes the session."""
 
     def __init__(
-        self, config: Config, plan: Plan, data: Data, trace: str | None, saved: checkpoint.Checkpoint | None
+        self,
+        config: Config,
+        plan: Plan,
+        data: Data,
+        trace: str | None,
+        saved: checkpoint.Checkpoint | None,
+        gone: checkpoint.LostWorkers,
     ) -> None:
         self.data, self.trace = data, trace
         self.first = self.step = saved.step if saved is not None else 0
         self.losses: list[float] = []
         self.lost: list[str] = []  # what was lost, a line each
         self.dropped = 0  # async updates counted by lost workers' clocks
-        self.origin = (0, 0)  # (a step, the sample its batch starts at): where the batch size last changed
+        self.gone = gone  # the workers lost since step 0, for the checkpoints
+        self.origin = (
+            gone.origin
+        )  # (a step, the sample its batch starts at): where the batch size last changed
         self.snapshots = survival.Snapshots() if survival.possible(config, plan) else None
         self._open(config, plan, saved.values if saved is not None else None)
 
@@ -243,7 +258,9 @@ class _Training:
         if keep and (stopped or step % keep.every == 0 or step == config.train.steps):
             meet = None if self.plan.world == 1 else functools.partial(gather, check=self.session.check)
             values = self.session.values()
-            checkpoint.save(keep.path, step, values, self.shard, config, self.at(step), self.rank, meet)
+            checkpoint.save(
+                keep.path, step, values, self.shard, config, self.at(step), self.rank, meet, self.gone
+            )
         return stopped
 
     def _regroup(self, loss: RankLost, on_lost: Callable[[str, int], None] | None) -> None:
@@ -252,6 +269,7 @@ class _Training:
         self.session.close()
         went = survival.regroup(self.config, self.plan, loss, self.snapshots, compile_config)
         self.origin = (went.step, self.at(went.step))  # the smaller batches go on from where the data was
+        self.gone = checkpoint.LostWorkers((*self.gone.lost, went.workers), self.origin)
         self.step = went.step
         del self.losses[went.step - self.first :]
         self.lost.append(went.told)

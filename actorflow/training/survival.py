@@ -108,6 +108,8 @@ class Regrouped:
     """What happened, in a line: which worker was lost, at which step, and how many are left."""
     dropped: int
     """The async updates the lost workers' clocks had counted (``parameter_server.staleness``)."""
+    workers: tuple[int, ...]
+    """The workers lost (their replica numbers in the config before)."""
 
 
 def regroup(
@@ -135,7 +137,7 @@ def regroup(
         f"lost the {'worker' if len(workers) == 1 else 'workers'} on {', '.join(devices)} (rank {launched}): "
         f"going on from step {step} with {count(left.parallel.data_parallel, 'worker')} on {size} ranks"
     )
-    return Regrouped(left, compile(left, size), step, values, told, dropped)
+    return Regrouped(left, compile(left, size), step, values, told, dropped, tuple(workers))
 
 
 def _without_clocks(values: dict[str, np.ndarray], workers: list[int]) -> tuple[dict[str, np.ndarray], int]:
