@@ -4,6 +4,7 @@ pipeline stays within its schedule's bounds."""
 
 from collections import Counter
 
+import attrs
 import numpy as np
 import pytest
 
@@ -164,4 +165,7 @@ def test_the_report_measures_the_latest_steps_its_spans_allow(monkeypatch):
     )
     assert report.metrics(config, windowed)["bubble_steps"] == windowed.bubble_steps
     assert len(windowed.losses) == config.train.steps  # every step's loss, all the same
+    # a run stopped early measured its bubble over every step it ran: nothing to say
+    asked_more = attrs.evolve(config, train=attrs.evolve(config.train, steps=1000))
+    assert "bubble measured over" not in report.table(asked_more, whole)
     assert "bubble measured" not in report.table(config, whole)

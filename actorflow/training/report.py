@@ -82,8 +82,8 @@ def table(config: Config, result: RunResult) -> str:
         "at these stage times: the bubble with each stage's measured kernel time and no time "
         "between kernels (uneven stages raise it above the theory)"
     )
-    if result.bubble_steps < config.train.steps:
-        lines.append(f"bubble measured over the last {result.bubble_steps} of {config.train.steps} steps")
+    if result.bubble_steps < result.steps:
+        lines.append(f"bubble measured over the last {result.bubble_steps} of {result.steps} steps")
     lines += [
         "",
         "memory per device: planned (every buffer of every register), held (each register's most buffers at once)",
