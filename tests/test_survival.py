@@ -22,7 +22,7 @@ import pytest
 from actorflow.config import parse_config
 from actorflow.errors import CheckpointError
 from actorflow.runtime import Session
-from actorflow.training import checkpoint, compile_config
+from actorflow.training import checkpoint, compile_config, train
 from actorflow.training.data import dataset, position, step_feeds
 from actorflow.training.parameter_server import replicas_on, without
 from actorflow.training.runner import local_feeds
@@ -198,9 +198,41 @@ def _resumes_without_the_lost_workers(tmp_path, ranks_left: int, step: int, expe
     assert code == 0, out
     resumed = json.loads(metrics.read_text())
     assert (resumed["first_step"], resumed["steps_run"]) == (step, 8)
+    assert resumed["config"]["parallel"]["data_parallel"] == ranks_left - 1  # reported as it ran
     np.testing.assert_allclose(resumed["losses"], expected, rtol=0, atol=1e-9)
     code, out = ranks.launch(ranks_left + 1, *run, "--steps", str(step + 8), timeout=60)
-    assert code == 2 and f"resume it on {ranks_left} ranks, not {ranks_left + 1}" in out, out
+    refused = [line for line in out.splitlines() if "actorflow run: error: checkpoint" in line]
+    assert code == 2 and refused and "Traceback" not in out, out
+    assert all(line.endswith(f"resume it on {ranks_left} ranks, not {ranks_left + 1}") for line in refused), (
+        out
+    )
+
+
+def test_a_checkpoint_says_which_workers_its_run_lost_and_a_bad_word_of_it_is_one_line(tmp_path):
+    ck = tmp_path / "ck"
+    config = _config(2, 1, "train.steps=2", f"output.checkpoint={{path: {ck}, every: 2}}")
+    train(config)
+    manifest = next(ck.glob("step-*")) / "manifest.json"
+    written = json.loads(manifest.read_text())
+    assert "lost_workers" not in written
+
+    def said(**changed) -> checkpoint.LostWorkers:
+        manifest.write_text(json.dumps(written | changed))
+        return checkpoint.lost_workers(str(ck), config, 1)
+
+    assert said(data_origin=[2, 48]) == checkpoint.LostWorkers()  # no loss: as before
+    lost = said(lost_workers=[[1]], data_origin=[2, 48])
+    assert lost == checkpoint.LostWorkers(((1,),), (2, 48))
+    assert lost.applied(config).parallel.stages == (("cpu:0",),)
+    for changed, problem in [
+        ({"lost_workers": [[True]], "data_origin": [2, 48]}, "is malformed"),
+        ({"lost_workers": [[1]]}, "is malformed"),
+        ({"lost_workers": [[5]], "data_origin": [2, 48]}, "are not workers of this config"),
+        ({"lost_workers": [[1], [0]], "data_origin": [2, 48]}, "are not workers of this config"),
+        ({"lost_workers": [[1]], "data_origin": [2, 48], "world": 2}, "resume it on 2 ranks, not 1"),
+    ]:
+        with pytest.raises(CheckpointError, match=f"^checkpoint .*{problem}$"):
+            said(**changed)
 
 
 @pytest.mark.xdist_group("mpi")

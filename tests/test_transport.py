@@ -142,12 +142,46 @@ def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it
 def test_a_wait_stays_in_mpi_with_a_core_to_spare_or_idle_with_a_core_per_rank(cores_per_rank, busy, stays):
     """Never where the node has fewer cores than ranks: MPICH's wait spins, on the core
     the rank it waits for needs."""
-    pytest.importorskip("mpi4py", reason="the transport runs on MPI: pip install '.[test]'")
     from actorflow.runtime.transport import Transport
 
-    transport = Transport(1)
+    transport = Transport.__new__(Transport)  # no MPI: only what ``stays`` reads
     transport._cores_per_rank = cores_per_rank
-    transport.threads = 1
-    transport.spare_core = cores_per_rank >= transport.threads + 1
+    transport.spare_core = cores_per_rank >= 2  # one busy thread and one more
     transport.busy = lambda: busy
     assert transport.stays() is stays
+
+
+class _Request:
+    """A stand-in for an MPI request: null once completed, else testing as ``outcome``."""
+
+    def __init__(self, outcome: object) -> None:
+        self.outcome = outcome
+
+    def __bool__(self) -> bool:
+        return self.outcome is not None
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return bool(self.outcome)
+
+
+def test_after_a_failed_testsome_every_request_it_freed_or_that_fails_is_held_without_its_callback():
+    """MPI frees what ``Testsome`` completed, the failed request among them, without
+    saying which: none of them may call back as if done."""
+    from types import SimpleNamespace
+
+    from actorflow.runtime.transport import Transport
+
+    transport = Transport.__new__(Transport)
+    transport.MPI = SimpleNamespace(Exception=RuntimeError)
+    transport.lost_after, transport._held = 5.0, []
+    called = []
+    live = [
+        (_Request(outcome), called.append, False)
+        for outcome in (None, False, RuntimeError("peer gone"), True)  # freed, active, failing, done
+    ]
+    error = RuntimeError("ERR_IN_STATUS")
+    assert transport._hold_errors(live, error) == [0, 2, 3]
+    assert [callback for _, callback, _ in live] == [None, called.append, None, None]
+    assert len(transport._held) == 1 and transport._held[0][1] is error

@@ -34,8 +34,9 @@ on a receive from this process of its own, which the transport thread sends it
 (``_wake``) once the rank got busy (it looks every ``WATCH_EVERY`` meanwhile) or the
 transport stops: a closing runtime and a lost or failed rank end the wait as they end
 everything else. A rank has a core to spare when its share of the node's cores (those
-it may run on, ``os.sched_getaffinity``, over the ranks on its node, from MPI's
-shared-memory split) holds the threads ``busy`` speaks for (``threads``) and one more.
+its ranks may run on, every one's ``os.sched_getaffinity`` together, over the ranks on
+its node, from MPI's shared-memory split) holds the threads ``busy`` speaks for
+(``threads``) and one more.
 Meanwhile that thread's MPI calls move every request's data, so the transport thread
 looks at its own requests only every ``WATCH_EVERY``, and polls them at once when the
 collective ends. Spinning on ``Test`` in Python instead would hold the GIL between the
@@ -171,11 +172,11 @@ def regroup(lost: set[int]) -> tuple[int, int]:
     comm = world_comm()
     group = comm.Get_group()
     kept = [r for r in range(comm.Get_size()) if r not in lost]
-    _launched = [launched_rank(r) for r in kept]
     survivors = group.Incl(kept)
     _world = within(
         JOIN_TIMEOUT, "regroup without the lost rank", lambda: comm.Create_group(survivors, tag=7)
     )
+    _launched = [launched_rank(r) for r in kept]
     group.Free()
     survivors.Free()
     renumber(_world.Get_rank(), _world.Get_size())
@@ -204,7 +205,7 @@ def within(seconds: float, what: str, call: Callable[[], Any]) -> Any:
     caller.join(seconds)
     if caller.is_alive():
         sys.stderr.write(
-            f"actorflow: rank {world_comm().Get_rank()} could not {what} within {seconds:.0f} s "
+            f"actorflow: rank {launched_rank(world_comm().Get_rank())} could not {what} within {seconds:.0f} s "
             "(another rank was lost meanwhile, or failed)\n"
         )
         leave(1)
@@ -282,7 +283,8 @@ class Transport:
             await trio.sleep(backoff)
             backoff = min(2 * backoff, 0.01)
         node = self.world.Split_type(MPI.COMM_TYPE_SHARED)
-        self._cores_per_rank = len(os.sched_getaffinity(0)) / node.Get_size()
+        cores = set().union(*node.allgather(os.sched_getaffinity(0)))  # ranks may be pinned apart
+        self._cores_per_rank = len(cores) / node.Get_size()
         node.Free()
         self.data = self.world.Dup()
         self.control = self.world.Dup()
@@ -446,10 +448,10 @@ class Transport:
                 if live:
                     try:
                         finished = MPI.Request.Testsome([x[0] for x in live]) or []
-                    except MPI.Exception:
+                    except MPI.Exception as exc:
                         if not self.losable:
                             raise
-                        finished = self._hold_errors(live)
+                        finished = self._hold_errors(live, exc)
                     if finished:
                         news = True
                         finished_set = set(finished)
@@ -463,8 +465,6 @@ class Transport:
                 now = time.monotonic()
                 if now >= next_control:
                     next_control = now + CONTROL_EVERY
-                    if self._held and now > self._held[0][0]:  # no loss explains it: a failure
-                        self._fail(RankError(f"rank {self.rank}: MPI failed: {self._held[0][1]}"))
                     if now - last_control > self.lost_after / 2:  # this rank was paused
                         heard = dict.fromkeys(self.peers, now)
                     last_control = now
@@ -484,6 +484,8 @@ class Transport:
                             )
                             self._fail(self._loss(peer, lost), f"{peer}\n{lost}")
                             left.add(peer)
+                    if self._held and now > self._held[0][0]:  # no loss explains it: a failure
+                        self._fail(RankError(f"rank {self.rank}: MPI failed: {self._held[0][1]}"))
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
                     self._wake()
@@ -511,21 +513,24 @@ class Transport:
             self._closed = True
             self._wake()
 
-    def _hold_errors(self, live: list) -> list[int]:
-        """After ``Testsome`` raised, with ``losable`` peers: test each request alone; the
-        indices of those that completed, the failed ones among them. MPI may see a peer's
-        death (a failed request to it) before the heartbeats do, so a failure is held
-        (``_held``) for ``lost_after``: a ``RankLost`` meanwhile is the verdict, else it
-        fails this rank as any MPI error does."""
+    def _hold_errors(self, live: list, error: Exception) -> list[int]:
+        """After ``Testsome`` raised ``error``, with ``losable`` peers: the indices of the
+        requests that completed. MPI may see a peer's death (a failed request to it) before
+        the heartbeats do, so the failure is held (``_held``) for ``lost_after``: a
+        ``RankLost`` meanwhile is the verdict, else it fails this rank as any MPI error
+        does. ``Testsome`` freed the requests it completed, the failed ones among them,
+        without saying which succeeded, so the others are tested one by one, and none
+        completed now calls back (the rank fails or regroups either way)."""
         finished = []
         for k, (request, _, _) in enumerate(live):
             try:
-                if request.Test():
-                    finished.append(k)
-            except self.MPI.Exception as exc:
-                finished.append(k)
-                live[k] = (request, None, False)  # its callback would fail the run at once
-                self._held.append((time.monotonic() + self.lost_after, exc))
+                if request and not request.Test():
+                    continue
+            except self.MPI.Exception:
+                pass
+            finished.append(k)
+            live[k] = (request, None, False)
+        self._held.append((time.monotonic() + self.lost_after, error))
         return finished
 
     def _start(self, start: Callable[[], Any], done: Done | None, moving: bool) -> None:

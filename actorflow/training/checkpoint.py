@@ -175,19 +175,24 @@ def lost_workers(path: str, config: Config, world: int) -> LostWorkers:
     they don't fit."""
     folder = latest(path)
     manifest = _manifest(folder)
-    lost, origin = manifest.get("lost_workers", []), manifest.get("data_origin", [0, 0])
+    lost = manifest.get("lost_workers", [])
+    if not lost:
+        return LostWorkers()
+    origin: Any = manifest.get("data_origin")
+    wrote = manifest.get("world")
     shaped = (
         isinstance(lost, list)
-        and all(isinstance(w, list) and all(isinstance(k, int) for k in w) for w in lost)
+        and all(isinstance(w, list) and all(type(k) is int for k in w) for w in lost)
         and isinstance(origin, list)
         and len(origin) == 2
-        and all(isinstance(k, int) for k in origin)
+        and all(type(k) is int for k in origin)
+        and type(wrote) is int
     )
     if not shaped:
-        raise CheckpointError(f"checkpoint {folder}: its manifest's lost_workers or data_origin is malformed")
+        raise CheckpointError(
+            f"checkpoint {folder}: its manifest's lost_workers, data_origin or world is malformed"
+        )
     found = LostWorkers(tuple(tuple(w) for w in lost), (origin[0], origin[1]))
-    if not found.lost:
-        return found
     if config.parallel.parameter_server is None:
         raise CheckpointError(f"checkpoint {folder}: written by a parameter-server run that lost workers")
     left = config
@@ -198,10 +203,10 @@ def lost_workers(path: str, config: Config, world: int) -> LostWorkers:
                 f"checkpoint {folder}: its lost workers {lost} are not workers of this config"
             )
         left = parameter_server.without(left, workers)
-    if manifest.get("world") != world:
+    if wrote != world:
         raise CheckpointError(
-            f"checkpoint {folder}: written after the run lost workers {lost}, by {manifest.get('world')} ranks "
-            f"({left.parallel.data_parallel} workers left): resume it on {manifest.get('world')} ranks, not {world}"
+            f"checkpoint {folder}: written after the run lost workers {lost}, by {wrote} ranks "
+            f"({left.parallel.data_parallel} workers left): resume it on {wrote} ranks, not {world}"
         )
     return found
 

@@ -94,7 +94,8 @@ class RunResult:
     lost: tuple[str, ...] = ()
     """Parameter servers: the workers the run went on without, a line each (see ``survival``)."""
     ended_with: Config | None = None
-    """Where the run lost workers: the config it went on with, without them."""
+    """Where the run lost workers, or resumed a checkpoint of a run that had: the config
+    it went on with, without them."""
 
 
 def compile_config(config: Config, ranks: int | None = None, values: bool = True) -> Plan:
@@ -321,7 +322,9 @@ class _Training:
             first_step=self.first,
             staleness=parameter_server.described(counted),
         )
-        return attrs.evolve(measured, lost=tuple(self.lost), ended_with=config if self.lost else None)
+        return attrs.evolve(
+            measured, lost=tuple(self.lost), ended_with=config if self.lost or self.gone.lost else None
+        )
 
 
 def _open(config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None) -> Session:

@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (a few minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (about ten minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``
@@ -182,6 +182,10 @@ def failures(root: Path, test_file: str) -> list[str]:
 
 def main(selected: list[str]) -> int:
     mutants = [m for m in MUTANTS if not selected or any(s in m.name for s in selected)]
+    if not mutants:
+        raise SystemExit(
+            f"no mutant's name contains any of {selected}; the names: {[m.name for m in MUTANTS]}"
+        )
     rows = []
     for mutant in [None, *mutants]:
         with tempfile.TemporaryDirectory(prefix="actorflow-mutant-") as tmp:
