@@ -127,6 +127,7 @@ def _killed_mid_run(tmp_path, parallel: str, kills: list[int], steps: int, n: in
         ranks.kill(proc)
     for r in range(n):
         assert (f"rank {r} exited with status 137" in out) == (r in kills), out
+        assert (f"[{r}] actorflow: rank {r} was killed by SIGKILL" in out) == (r in kills), out  # its guard
     assert not any(f"rank {r} exited" in out for r in range(n) if r not in kills), out
     assert ranks.wait_gone(pids, within=5) == []
     return out, json.loads(metrics.read_text())

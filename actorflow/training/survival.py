@@ -46,6 +46,7 @@ from ..runtime import Session
 from ..runtime.transport import JOIN_TIMEOUT, launched_rank, within, world_comm
 from ..runtime.transport import regroup as regroup_ranks
 from ..text import count
+from ..world import this_rank
 from . import parameter_server
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
@@ -153,7 +154,8 @@ def guard() -> None:
     the other ranks down (see the module): fork; the child returns, the parent waits for
     it and exits with its status (128 + N where signal N killed it), passing SIGINT,
     SIGTERM and SIGHUP on to it. The child dies with the parent. Linux only (elsewhere
-    nothing changes); call it before any thread starts."""
+    nothing changes); call it before any thread starts. The parent says which signal
+    killed the child, since hydra sees only the status."""
     if sys.platform != "linux":
         return
     if "mpi4py.MPI" in sys.modules:
@@ -177,4 +179,7 @@ def guard() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, held)
     _, status = os.waitpid(child, 0)
     code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # hydra will only see the status 128 + N: say which signal it was
+        sys.stderr.write(f"actorflow: rank {this_rank()} was killed by {signal.Signals(-code).name}\n")
+        sys.stderr.flush()
     os._exit(128 - code if code < 0 else code)
