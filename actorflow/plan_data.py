@@ -302,6 +302,10 @@ class PlanData:
             return int(device[4:])
         return self.ranks.get(device, 0)
 
+    def devices_of(self, rank: int) -> list[str]:
+        """The devices ``rank`` holds (none in one process: ``ranks`` is empty there)."""
+        return [d for d, r in self.ranks.items() if r == rank]
+
     def parameters_of(self, rank: int) -> list[Parameter]:
         """The parameters (and optimizer state) ``rank`` holds: those of its devices."""
         return [p for p in self.parameters if self.rank_of(self.registers[p.register].device) == rank]

@@ -103,7 +103,7 @@ class _Split:
 
     def home(self, rank: int) -> str:
         """Where a rank keeps what it receives for the host: its first device, or the rank itself."""
-        held = [d for d, r in self.plan.ranks.items() if r == rank]
+        held = self.plan.devices_of(rank)
         return min(held, key=device_order) if held else f"rank{rank}"
 
     def _deliver_outputs(self) -> None:

@@ -219,7 +219,7 @@ def roles(config: Config, plan: Plan) -> list[str]:
         held[device] = held.get(device, 0) + plan.registers[p.register].nbytes
     pulled, pushed = _traffic(plan)
     for rank in range(plan.world):
-        devices = sorted((d for d, r in plan.ranks.items() if r == rank), key=device_order)
+        devices = sorted(plan.devices_of(rank), key=device_order)
         for device in devices:
             if device in servers:
                 lines.append(

@@ -69,7 +69,7 @@ def losable(config: Config, plan: Plan) -> frozenset[int]:
     servers = set(parameter_server.server_devices(config))
     chosen = set()
     for rank in set(plan.ranks.values()):
-        devices = _devices(plan, rank)
+        devices = set(plan.devices_of(rank))
         workers = parameter_server.replicas_on(config, devices)
         if servers & devices or len(workers) == config.parallel.data_parallel:
             continue
@@ -79,10 +79,6 @@ def losable(config: Config, plan: Plan) -> frozenset[int]:
             continue
         chosen.add(rank)
     return frozenset(chosen)
-
-
-def _devices(plan: Plan, rank: int) -> set[str]:
-    return {d for d, r in plan.ranks.items() if r == rank}
 
 
 class Snapshots:
@@ -119,7 +115,7 @@ def regroup(
     """Go on without ``lost``'s rank (see the module); every survivor calls it with the
     same lost rank. ``compile(config, ranks)`` makes a plan. ``snapshots`` then holds the
     values the run goes on from alone."""
-    devices = sorted(_devices(plan, lost.rank))
+    devices = sorted(plan.devices_of(lost.rank))
     workers = parameter_server.replicas_on(config, devices)
     launched = launched_rank(lost.rank)  # as the user knows it, before this or an earlier regroup
     rank, size = regroup_ranks({lost.rank})
