@@ -195,14 +195,12 @@ def lost_workers(path: str, config: Config, world: int) -> LostWorkers:
     found = LostWorkers(tuple(tuple(w) for w in lost), (origin[0], origin[1]))
     if config.parallel.parameter_server is None:
         raise CheckpointError(f"checkpoint {folder}: written by a parameter-server run that lost workers")
-    left = config
-    for workers in found.lost:
-        replicas = left.parallel.data_parallel
-        if not workers or not all(0 <= k < replicas for k in workers) or len(set(workers)) >= replicas:
-            raise CheckpointError(
-                f"checkpoint {folder}: its lost workers {lost} are not workers of this config"
-            )
-        left = parameter_server.without(left, workers)
+    try:
+        left = found.applied(config)
+    except ValueError:
+        raise CheckpointError(
+            f"checkpoint {folder}: its lost workers {lost} are not workers of this config"
+        ) from None
     if wrote != world:
         raise CheckpointError(
             f"checkpoint {folder}: written after the run lost workers {lost}, by {wrote} ranks "

@@ -175,9 +175,14 @@ def replicas_on(config: Config, devices: Collection[str]) -> list[int]:
 
 def without(config: Config, lost: Sequence[int]) -> Config:
     """``config`` going on without the workers ``lost`` (replica numbers): each worker left
-    keeps its devices and its share of a batch, so the batch shrinks with the workers."""
+    keeps its devices and its share of a batch, so the batch shrinks with the workers. A
+    ValueError where ``lost`` are not some of its workers, leaving one."""
     parallel, tp = config.parallel, config.parallel.tensor_parallel
     kept = [r for r in range(parallel.data_parallel) if r not in lost]
+    if not lost or not set(lost) <= set(range(parallel.data_parallel)) or not kept:
+        raise ValueError(
+            f"workers {list(lost)} are not some of the {parallel.data_parallel} workers, leaving one"
+        )
     stages = tuple(
         Stage(tuple(d for r in kept for d in stage[r * tp : (r + 1) * tp])) for stage in parallel.stages
     )

@@ -71,7 +71,7 @@ def losable(config: Config, plan: Plan) -> frozenset[int]:
     for rank in set(plan.ranks.values()):
         devices = set(plan.devices_of(rank))
         workers = parameter_server.replicas_on(config, devices)
-        if servers & devices or len(workers) == config.parallel.data_parallel:
+        if servers & devices or not workers or len(workers) == config.parallel.data_parallel:
             continue
         try:
             parameter_server.rank_devices(parameter_server.without(config, workers), plan.world - 1)
