@@ -187,10 +187,7 @@ class _Training:
         self.losses: list[float] = []
         self.lost: list[str] = []  # what was lost, a line each
         self.dropped = 0  # async updates counted by lost workers' clocks
-        self.gone = gone  # the workers lost since step 0, for the checkpoints
-        self.origin = (
-            gone.origin
-        )  # (a step, the sample its batch starts at): where the batch size last changed
+        self.gone = gone  # the workers lost since step 0 and where the data went on from
         self.snapshots = survival.Snapshots() if survival.possible(config, plan) else None
         self._open(config, plan, saved.values if saved is not None else None)
 
@@ -200,7 +197,7 @@ class _Training:
         self.rank = self.session.rank
         self.parts = local_feeds(plan, self.rank)
         self.shard = checkpoint.arrays(plan, self.rank) if config.output.checkpoint is not None else {}
-        self.at = functools.partial(position, config, self.data, origin=self.origin)
+        self.at = functools.partial(position, config, self.data, origin=self.gone.origin)
 
     def __enter__(self) -> _Training:
         return self
@@ -232,7 +229,9 @@ class _Training:
         config, step = self.config, self.step
         end = parameter_server.run_end(config, step)
         feeds = [
-            f for s in range(step, end) for f in step_feeds(config, self.data, s, self.parts, self.origin)
+            f
+            for s in range(step, end)
+            for f in step_feeds(config, self.data, s, self.parts, self.gone.origin)
         ]
         outputs = self.session.run(feeds)
         if self.snapshots is not None:
@@ -269,8 +268,8 @@ class _Training:
         assert self.snapshots is not None, "only a run that may lose workers has losable ranks"
         self.session.close()
         went = survival.regroup(self.config, self.plan, loss, self.snapshots, compile_config)
-        self.origin = (went.step, self.at(went.step))  # the smaller batches go on from where the data was
-        self.gone = checkpoint.LostWorkers((*self.gone.lost, went.workers), self.origin)
+        # the smaller batches go on from where the data was
+        self.gone = checkpoint.LostWorkers((*self.gone.lost, went.workers), (went.step, self.at(went.step)))
         self.step = went.step
         del self.losses[went.step - self.first :]
         self.lost.append(went.told)
@@ -322,9 +321,7 @@ class _Training:
             first_step=self.first,
             staleness=parameter_server.described(counted),
         )
-        return attrs.evolve(
-            measured, lost=tuple(self.lost), ended_with=config if self.lost or self.gone.lost else None
-        )
+        return attrs.evolve(measured, lost=tuple(self.lost), ended_with=config if self.gone.lost else None)
 
 
 def _open(config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None) -> Session:

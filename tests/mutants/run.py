@@ -118,7 +118,7 @@ MUTANTS = [
         "survivors-restart-the-data",
         "after a lost worker the smaller batches start from the data as if they always had been",
         "actorflow/training/runner.py",
-        "step_feeds(config, self.data, s, self.parts, self.origin)",
+        "step_feeds(config, self.data, s, self.parts, self.gone.origin)",
         "step_feeds(config, self.data, s, self.parts)",
         SURVIVAL,
     ),
