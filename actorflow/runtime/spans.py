@@ -17,6 +17,9 @@ class SpanMaker:
         self.plan = plan
         self._args = {a.id: _span_args(plan, a, rank) for a in plan.actors}
         self._peers = transfer_peers(plan)
+        self._calls: dict[
+            tuple[int, int], int
+        ] = {}  # (actor id, input) -> the call of a reused producer it reads
 
     def record(
         self,
@@ -79,10 +82,11 @@ class SpanMaker:
         made = micro_batch // producer.every
         if producer.calls == 1:
             return made
-        reg = self.plan.registers[producer.outputs[spec.out]]
-        return made * producer.calls + next(
-            c.call for c in reg.consumers if (c.actor, c.slot) == (actor.id, slot)
-        )
+        key = (actor.id, slot)
+        if key not in self._calls:
+            reg = self.plan.registers[producer.outputs[spec.out]]
+            self._calls |= {(c.actor, c.slot): c.call for c in reg.consumers}
+        return made * producer.calls + self._calls[key]
 
 
 def _span_args(plan: Plan, actor: Actor, rank: int) -> dict[str, Any]:
