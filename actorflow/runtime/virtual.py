@@ -12,7 +12,13 @@ buffer).
 
 With a ``Host``, the streams are threads of processes on machines, as on CPUs: the
 acts running at once on a machine share its cores (each at ``cores / running`` of a
-core's speed when more run than it has), and a thread that was idle and is woken
+core's speed when more run than it has); acts of one process running at once slow
+each other down besides, by their Python parts, which take turns with the GIL (while
+others of its process run, an act whose share ``g`` of its time holds the GIL goes at
+``1 / (1 + contention * g)`` of its speed: a large matmul, which releases it, hardly
+slows down; so many acts at once slow each other down as much as two, which fitted
+the measured runs of four devices in one process better than a slowing down with each
+act more); and a thread that was idle and is woken
 while another thread of its process runs acts back to back waits for the GIL: CPython
 hands it over when the running thread blocks (goes idle), or after a while (the switch
 interval at most; sooner where a kernel releases it long enough). Measured here: a
@@ -31,7 +37,7 @@ predict a run.
 from __future__ import annotations
 
 import heapq
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -47,12 +53,14 @@ class Host:
     """Where the streams' threads run (see the module's docstring): ``process[k]`` and
     ``machine[k]`` are stream k's process (one GIL) and machine (``cores`` cores);
     ``handover``: the longest a woken thread waits for the GIL (CPython's switch interval
-    at most)."""
+    at most); ``contention``: how much an act slows down, by its share that holds the
+    GIL, while others of its process run."""
 
     process: Sequence[int]
     machine: Sequence[int]
     cores: int
     handover: float = 0.005
+    contention: float = 0.0
 
 
 @attrs.frozen
@@ -64,7 +72,8 @@ class Timing:
     runs as if alone); ``meets``: per unit that is one half of a transfer between ranks
     (a send, a receive), the key its other half has: an act of it ends ``costs[u]``
     after the later of the two halves' acts of the same number started (a synchronous
-    send: MPI's ``Issend`` and ``Irecv``)."""
+    send: MPI's ``Issend`` and ``Irecv``); ``held[u]``: of ``costs[u]``, the seconds
+    its kernel holds the GIL (all of them where None), as the launch does."""
 
     costs: Sequence[float]
     launch: float = 0.0
@@ -72,6 +81,7 @@ class Timing:
     between: float = 0.0
     host: Host | None = None
     meets: Mapping[int, Hashable] = attrs.Factory(dict)
+    held: Sequence[float] | None = None
 
 
 class Entry:
@@ -178,8 +188,11 @@ def simulate(
             entry.end = entry.start + costs[unit.id]
             heapq.heappush(events, (entry.end, 0, (k, 0), entry))
         else:
-            for when, order, what in cpus.run(entry, launch_s + costs[unit.id], now):
+            work = launch_s + costs[unit.id]
+            held = work if timing.held is None else launch_s + timing.held[unit.id]
+            for when, order, what in cpus.run(entry, work, held / work if work > 0 else 1.0, now):
                 heapq.heappush(events, (when, 0, order, what))
+            entry.start = now + launch_s / cpus.rate(k)  # the launch, slowed as the kernel is
 
     def push(when: float, kind: int, what: object) -> None:
         nonlocal sequence
@@ -275,8 +288,9 @@ class _Cpus:
         self.queue: dict[int, list[int]] = defaultdict(list)  # per process, the waiting streams in order
         self.running: dict[int, dict[int, list]] = defaultdict(
             dict
-        )  # per machine: stream -> [entry, left, version]
+        )  # per machine: stream -> [entry, left, version, share holding the GIL, rate]
         self.since: dict[int, float] = defaultdict(float)
+        self.together: Counter[int] = Counter()  # per process, its acts running
         self.version = 0
 
     def must_wait(self, k: int, unit: Unit) -> bool:
@@ -313,11 +327,15 @@ class _Cpus:
         waiting = self.queue[self.host.process[k]]
         return waiting[:1]
 
-    def run(self, entry: Entry, work: float, now: float) -> list[tuple[float, tuple[int, int], Any]]:
-        """``entry`` starts ``work`` seconds of a core: the new ends of its machine's acts."""
+    def run(
+        self, entry: Entry, work: float, gil: float, now: float
+    ) -> list[tuple[float, tuple[int, int], Any]]:
+        """``entry`` starts ``work`` seconds of a core, a share ``gil`` of them holding
+        its process's GIL: the new ends of its machine's acts."""
         machine = self.host.machine[entry.stream]
         self._advance(machine, now)
-        self.running[machine][entry.stream] = [entry, work, 0]
+        self.running[machine][entry.stream] = [entry, work, 0, gil, 0.0]
+        self.together[self.host.process[entry.stream]] += 1
         return self._ends(machine, now)
 
     def ended(self, what: tuple[Entry, int], now: float) -> tuple[Entry, list] | None:
@@ -331,23 +349,30 @@ class _Cpus:
             return None
         self._advance(machine, now)
         del running[entry.stream]
+        self.together[self.host.process[entry.stream]] -= 1
         entry.end = now
         return entry, self._ends(machine, now)
 
-    def _rate(self, machine: int) -> float:
-        return min(1.0, self.host.cores / max(1, len(self.running[machine])))
+    def rate(self, k: int) -> float:
+        """The share of a core's speed stream k's running act gets now."""
+        return self.running[self.host.machine[k]][k][4]
 
     def _advance(self, machine: int, now: float) -> None:
-        rate = self._rate(machine)
+        """The running acts' work left, at the rates they ran at since the last change."""
         for slot in self.running[machine].values():
-            slot[1] -= (now - self.since[machine]) * rate
+            slot[1] -= (now - self.since[machine]) * slot[4]
         self.since[machine] = now
 
     def _ends(self, machine: int, now: float) -> list[tuple[float, tuple[int, int], Any]]:
-        rate = self._rate(machine)
+        """Each running act's rate (the share of a core's speed it gets) and end, now that
+        they changed."""
+        running = self.running[machine]
+        share = min(1.0, self.host.cores / max(1, len(running)))
+        process, together, contention = self.host.process, self.together, self.host.contention
         ends = []
-        for k, slot in self.running[machine].items():
+        for k, slot in running.items():
+            slot[4] = share / (1 + contention * slot[3]) if together[process[k]] > 1 else share
             self.version += 1
             slot[2] = self.version
-            ends.append((now + max(0.0, slot[1]) / rate, (k, self.version), (slot[0], self.version)))
+            ends.append((now + max(0.0, slot[1]) / slot[4], (k, self.version), (slot[0], self.version)))
         return ends

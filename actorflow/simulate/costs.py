@@ -9,15 +9,19 @@ several nodes reducing within each node first (the two-level collectives of seed
 Around the kernels the runtime itself costs time, measured too: ``launch`` per act on
 a stream, ``hop`` per message between streams' threads (a wake-up), ``between`` the
 host's time from one step's end to the next's start; and the stream threads share the
-machine's ``cores`` and their process's GIL (``runtime.virtual.Host``).
+machine's ``cores`` and their process's GIL (``runtime.virtual.Host``): acts of one
+process running at once slow each other down, by their Python parts (``contention``).
 
 ``calibrate`` fits all of it from a trace of ``actorflow run --trace`` (which carries its
 config, so the plan's shapes can be rebuilt): each actor's median kernel time over its
 acts, by non-negative least squares per kind, pulled towards one fit over every kind
 (what a kind seen on one shape only can't tell apart: its fixed cost from its rates);
-the stream's time per act from the gaps between its back-to-back kernels, a wake-up
-from the delays of idle streams' kernels after what they waited for ended, and the
-GIL's hand-over by simulating the measured config and matching its step time.
+each kernel's time first taken back to what it would have been alone (by how long it
+ran beside others of its process, its share that holds the GIL as the fit gives it, and
+the contention that makes each actor's acts most alike: ``predict.Beside``); the stream's time per act from the gaps between its
+back-to-back kernels, a wake-up from the delays of idle streams' kernels after what they
+waited for ended, and the contention (or, for a run of one thread, the GIL's hand-over)
+by simulating the measured config and matching its step time.
 The result is a small JSON file a user keeps per machine (``CostModel.to_json``); one per
 model kind ships with actorflow (``shipped``), fitted on its developers' 2-core VM.
 """
@@ -82,8 +86,10 @@ class CostModel:
     devices, ``transport``: between ranks of one node; ``cores``: a machine's; ``handover``: how long a woken stream thread waits
     for its process's GIL while another runs acts back to back (at most CPython's switch
     interval; sooner where the runner's kernels release the GIL long enough for the
-    woken one to take it); ``model``: the config's ``model`` section the fit was
-    measured on."""
+    woken one to take it); ``contention``: how much an act slows down, by its share
+    that holds the GIL (its launch and its calls' fixed costs), while others of its
+    process run (``runtime.virtual.Host``); ``model``: the config's
+    ``model`` section the fit was measured on."""
 
     ops: dict[str, tuple[float, float, float]]
     overall: tuple[float, float, float]
@@ -96,6 +102,7 @@ class CostModel:
     node_size: int = 8
     cores: int = 2
     handover: float = 0.005
+    contention: float = 0.0
     model: dict[str, Any] = attrs.Factory(dict)
 
     def seconds(self, features: Features) -> float:
@@ -104,6 +111,11 @@ class CostModel:
             a, b, c = self.ops.get(kind, self.overall)
             total += calls * a + flops * b + nbytes * c
         return total
+
+    def held(self, features: Features) -> float:
+        """Of ``seconds``, the fixed cost of its calls: Python's part, which holds the GIL
+        (numpy's loops and BLAS release it)."""
+        return sum(calls * self.ops.get(kind, self.overall)[0] for kind, (calls, _, _) in features.items())
 
     def collective(self, op: str, nbytes: float, devices: Sequence[int], ranks: int = 1) -> float:
         """The faster of ring and tree for ``op`` over ``devices`` (indices; every
@@ -139,6 +151,8 @@ class CostModel:
                 or min(model.node.bandwidth, model.network.bandwidth, model.transport.bandwidth) <= 0
             ):
                 raise ValueError("a node of no devices, or a link of no bandwidth")
+            if not (0 <= model.contention < math.inf and 0 <= model.handover < math.inf):
+                raise ValueError("a contention or a hand-over that is negative or not finite")
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None
         return model

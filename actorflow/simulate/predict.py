@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -42,6 +42,12 @@ from ..trace.recorder import Recorder
 from ..training.runner import RunResult, compile_config, measure
 from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
 
+MAX_CONTENTION = 16.0
+"""The most ``CostModel.contention`` a calibration gives."""
+CONTENTIONS = [MAX_CONTENTION * k / 200 for k in range(201)]
+"""The contentions ``Beside.contention`` tries."""
+GUESSES = 4
+"""How often ``calibrate`` refits the GIL's shares of the acts and the contention."""
 SIMULATED_STEPS = 4
 """Steps simulated at most; the rest of a run repeats them."""
 
@@ -115,15 +121,9 @@ def _clock(
     steps = min(config.train.steps, SIMULATED_STEPS)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
-    host = Host(process, [node[r] for r in process], model.cores, model.handover)
-    timing = Timing(
-        unit_costs(plan, wiring, model, replicas, config.parallel.tensor_parallel),
-        model.launch,
-        model.hop,
-        model.between,
-        host,
-        meets(plan, wiring),
-    )
+    host = Host(process, [node[r] for r in process], model.cores, model.handover, model.contention)
+    costs, held = zip(*unit_times(plan, wiring, model, replicas, config.parallel.tensor_parallel))
+    timing = Timing(costs, model.launch, model.hop, model.between, host, meets(plan, wiring), held)
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
@@ -176,38 +176,50 @@ def unit_costs(
     update's, with ``replicas``, after its gradient's all-reduce over them (replica r's
     devices follow replica 0's in each stage of ``tensor_parallel`` devices a replica,
     as ``layouts.with_layout`` places them)."""
+    return [cost for cost, _ in unit_times(plan, wiring, model, replicas, tensor_parallel)]
+
+
+def unit_times(
+    plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1, tensor_parallel: int = 1
+) -> list[tuple[float, float]]:
+    """Per unit, ``unit_costs``' seconds and, of them, those its kernel holds the GIL
+    (``CostModel.held``; none for what the links time)."""
     place = device_places(plan)
     node = rank_nodes(plan, model)
-    costs = []
+    times = []
     for unit in wiring.units:
         actor = unit.actor
         if actor.kind == "update" and replicas > 1:
             stage, k = divmod(place[actor.device], tensor_parallel)
             replica_places = [(stage * replicas + r) * tensor_parallel + k for r in range(replicas)]
             gradient = plan.registers[actor.inputs[0].register].nbytes
-            costs.append(
-                model.collective("all_reduce", gradient, replica_places)
-                + model.seconds(features(plan, actor))
+            own = features(plan, actor)
+            times.append(
+                (
+                    model.collective("all_reduce", gradient, replica_places) + model.seconds(own),
+                    model.held(own),
+                )
             )
             continue
         if actor.kind == "collective":
             op, nbytes = _collective_input(plan, actor)
             members = [m.actor.device for m in unit.members]
             ranks = len({plan.rank_of(d) for d in members})
-            costs.append(model.collective(op, nbytes, [place[d] for d in members], ranks))
+            times.append((model.collective(op, nbytes, [place[d] for d in members], ranks), 0.0))
             continue
         if actor.kind in ("send", "recv"):
             here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
             link = model.transport if node[here] == node[peer] else model.network
             registers = [i.register for i in actor.inputs] + list(actor.outputs)
-            costs.append(link.seconds(sum(plan.registers[r].nbytes for r in registers)))
+            times.append((link.seconds(sum(plan.registers[r].nbytes for r in registers)), 0.0))
             continue
         nodes = {place[plan.registers[r].device] // model.node_size for r in _moved(actor, plan)}
         if actor.kind == "copy" and len(nodes) > 1:
-            costs.append(model.network.seconds(sum(plan.registers[o].nbytes for o in actor.outputs)))
+            times.append((model.network.seconds(sum(plan.registers[o].nbytes for o in actor.outputs)), 0.0))
         else:
-            costs.append(model.seconds(features(plan, actor)))
-    return costs
+            own = features(plan, actor)
+            times.append((model.seconds(own), model.held(own)))
+    return times
 
 
 def _moved(actor: Any, plan: Plan) -> list[int]:
@@ -269,34 +281,135 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     plan = compile_config(config, 1, values=False)
     wiring = wire(plan, 0, allocate=False)
     trace = parse(chrome)
-    durations: dict[str, list[float]] = defaultdict(list)
-    for s in trace.spans:
-        if s.is_kernel:
-            durations[s.name].append((s.end - s.start) / 1e9)
-    measured = {u.id: _typical(durations[u.name]) for u in wiring.units if durations.get(u.name)}
-    samples = [
-        (features(plan, u.actor), measured[u.id])
-        for u in wiring.units
-        if u.id in measured and u.actor.kind != "collective"
-    ]
-    if not samples:
-        raise CalibrationError(f"{where}: a trace with no kernel of its config's plan")
-    ops, overall = fit(samples)
-    launch, hop = _host_times(trace, {u.name: u.stream for u in wiring.units})
+    threads = {u.name: u.stream for u in wiring.units}
+    launch, hop = _host_times(trace, threads)
+    kernels = Beside.of(trace, threads, launch)
     steps = sorted((s.start, s.end) for s in trace.spans if s.category == "step")
     makespan = statistics.median(e - b for b, e in steps) / 1e9
     gap = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
-    model = CostModel(
-        ops,
-        overall,
-        launch=launch,
-        hop=hop,
-        between=gap,
-        node=_node_link(plan, wiring, measured) or NODE,
-        cores=os.cpu_count() or 1,
-        model=other["config"]["model"],
-    )
-    return _overheads(config, plan, model, makespan)
+
+    def fitted(contention: float, gil: Mapping[str, float] | None) -> CostModel:
+        durations = kernels.alone(contention, gil)
+        measured = {u.id: _typical(durations[u.name]) for u in wiring.units if durations.get(u.name)}
+        samples = [
+            (features(plan, u.actor), measured[u.id])
+            for u in wiring.units
+            if u.id in measured and u.actor.kind != "collective"
+        ]
+        if not samples:
+            raise CalibrationError(f"{where}: a trace with no kernel of its config's plan")
+        ops, overall = fit(samples)
+        return CostModel(
+            ops,
+            overall,
+            launch=launch,
+            hop=hop,
+            between=gap,
+            node=_node_link(plan, wiring, measured) or NODE,
+            cores=os.cpu_count() or 1,
+            contention=contention,
+            model=other["config"]["model"],
+        )
+
+    def gil(model: CostModel) -> dict[str, float]:
+        """Per unit, the share of its act (launch and kernel) that holds the GIL."""
+        return {
+            u.name: (launch + held) / (launch + cost) if launch + cost > 0 else 1.0
+            for u, (cost, held) in zip(wiring.units, unit_times(plan, wiring, model))
+        }
+
+    model = fitted(0.0, None)  # the kernels' times as measured: a first guess
+    for _ in range(GUESSES):
+        shares = gil(model)
+        model = fitted(kernels.contention(shares), shares)
+    return _overheads(config, plan, model, makespan, kernels.together())
+
+
+@attrs.frozen
+class Beside:
+    """A measured run's kernels: per kernel its unit's name, and ``seconds[i, j]``: how
+    long kernel i ran beside j acts of other threads of its process (each act its
+    kernel and the ``launch`` before it)."""
+
+    names: list[str]
+    seconds: np.ndarray
+
+    @classmethod
+    def of(cls, trace: Trace, threads: dict[str, int], launch: float) -> Beside:
+        kernels = [
+            (s.name, threads[s.name], s.start, s.end)
+            for s in trace.spans
+            if s.is_kernel and s.name in threads and s.end > s.start
+        ]
+        lines: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for _, thread, start, end in kernels:
+            lines[thread].append((start, end))
+        spans = {t: _launched(sorted(v), round(launch * 1e9)) for t, v in lines.items()}
+        seconds = np.zeros((len(kernels), max(1, len(spans))))
+        for i, (_, thread, start, end) in enumerate(kernels):
+            edges = [(start, 0), (end, 0)]
+            for other, (starts, ends) in spans.items():
+                if other != thread:
+                    lo, hi = np.searchsorted(ends, start, "right"), np.searchsorted(starts, end, "left")
+                    edges += [(max(int(b), start), 1) for b in starts[lo:hi]]
+                    edges += [(min(int(e), end), -1) for e in ends[lo:hi]]
+            edges.sort()
+            running = 0
+            for (at, step), (later, _) in zip(edges, edges[1:]):
+                running += step
+                seconds[i, running] += (later - at) / 1e9
+        return cls([k[0] for k in kernels], seconds)
+
+    def together(self) -> bool:
+        """Whether some kernels ran beside others."""
+        return bool(self.seconds[:, 1:].any())
+
+    def work(self, contention: float, gil: Mapping[str, float] | None = None) -> np.ndarray:
+        """Per kernel, the seconds it would have taken alone, were ``contention`` the
+        process's and ``gil[unit]`` the share of its unit's acts that holds the GIL (all
+        where None): ``runtime.virtual``'s rule, beside others at 1 / (1 + contention *
+        share) of its speed."""
+        shares = np.array([1.0 if gil is None else gil.get(n, 1.0) for n in self.names])
+        beside = np.minimum(np.arange(self.seconds.shape[1]), 1)
+        return (self.seconds / (1 + contention * np.outer(shares, beside))).sum(axis=1)
+
+    def alone(self, contention: float, gil: Mapping[str, float] | None = None) -> dict[str, list[float]]:
+        """Per unit, its kernels' ``work``."""
+        durations: dict[str, list[float]] = defaultdict(list)
+        for name, seconds in zip(self.names, self.work(contention, gil)):
+            durations[name].append(float(seconds))
+        return durations
+
+    def contention(self, gil: Mapping[str, float] | None = None) -> float:
+        """The contention that makes each unit's acts' work most alike (least squares of
+        the logarithms around each unit's median, a unit weighing as much as its median
+        work: a few µs of launch weigh on a short kernel's time alone): the acts that ran
+        alone (a pipeline's warm-up and cool-down) against those that ran beside others.
+        A run of one thread tells none: 0."""
+        if not self.together():
+            return 0.0
+        units: dict[str, list[int]] = defaultdict(list)
+        for i, name in enumerate(self.names):
+            units[name].append(i)
+        groups = [np.array(v) for v in units.values()]
+
+        def misfit(c: float) -> float:
+            logs = np.log(self.work(c, gil))
+            return sum(
+                float(((logs[g] - np.median(logs[g])) ** 2).sum() * np.exp(np.median(logs[g])))
+                for g in groups
+            )
+
+        return float(min(CONTENTIONS, key=misfit))
+
+
+def _launched(kernels: list[tuple[int, int]], launch: int) -> np.ndarray:
+    """A thread's acts from its kernels (start, end; in order): each from ``launch``
+    before its kernel, or the last kernel's end, the later."""
+    acts = np.array(kernels, dtype=np.int64).T
+    acts[0, 1:] = np.maximum(acts[0, 1:] - launch, acts[1, :-1])
+    acts[0, 0] -= launch
+    return acts
 
 
 def _host_times(trace: Trace, threads: dict[str, int]) -> tuple[float, float]:
@@ -352,20 +465,28 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
     return Link(float(alpha), 1.0 / per_byte if per_byte > 0 else 1e12)
 
 
-def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float) -> CostModel:
-    """``handover`` so that the measured config's simulated step lasts as long as it
-    measured (``makespan``), by bisection (a longer hand-over, a longer step) up to
-    CPython's switch interval. The measured time between steps (``model.between``)
-    includes the next step's first launch."""
-    lo, hi = 0.0, sys.getswitchinterval()
-    wiring = wire(plan, None, allocate=False)  # the same each step: only the hand-over changes
+def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, together: bool) -> CostModel:
+    """The measured config's simulated step made to last as long as it measured
+    (``makespan``), by bisection: where its kernels ran beside each other (``together``), of
+    ``contention`` (from 0 to ``MAX_CONTENTION``, with no ``handover``): the kernels'
+    slowing down beside each other that their spans show (``Beside``) leaves out the
+    other threads' host work between kernels (launches, the protocol), which holds the
+    GIL too; else of ``handover`` (up to CPython's switch interval). The measured time
+    between steps (``model.between``) includes the next step's first launch."""
+
+    def trial(value: float, between: float) -> CostModel:
+        if together:
+            return attrs.evolve(model, contention=value, handover=0.0, between=between)
+        return attrs.evolve(model, handover=value, between=between)
+
+    lo, hi = 0.0, MAX_CONTENTION if together else sys.getswitchinterval()
+    wiring = wire(plan, None, allocate=False)  # the same each step: only the trial's value changes
     replayed = replayed_orders(plan, wiring, config.runtime.order)
     for _ in range(20):
         mid = (lo + hi) / 2
-        trial = attrs.evolve(model, handover=mid, between=0.0)
-        _, seconds, _ = _clock(config, plan, wiring, trial, replayed=replayed)
+        _, seconds, _ = _clock(config, plan, wiring, trial(mid, 0.0), replayed=replayed)
         lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-    return attrs.evolve(model, handover=lo, between=max(0.0, model.between - model.launch))
+    return trial(lo, max(0.0, model.between - model.launch))
 
 
 def _typical(seconds: list[float]) -> float:
