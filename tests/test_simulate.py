@@ -180,15 +180,15 @@ def test_calibrating_recovers_how_much_kernels_of_one_process_slow_each_other_do
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
 
 
-def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not():
+def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not_unless_polled():
     config = load_config("configs/default.yaml", ["train.steps=1"])
     plan = compile_config(config, 1)
     wiring = wire(plan, 0, allocate=False)
     orders, _ = replayed_orders(plan, wiring, config.runtime.order)
     costs = unit_costs(plan, wiring, KNOWN)
 
-    def makespan(processes: list[int], contention: float) -> float:
-        host = Host(processes, [0] * len(processes), 64, 0.0, contention)
+    def makespan(processes: list[int], contention: float, polled: frozenset[int] = frozenset()) -> float:
+        host = Host(processes, [0] * len(processes), 64, 0.0, contention, polled)
         ran = simulate(wiring, plan.micro_batches, 1, 1, Timing(costs, KNOWN.launch, host=host), orders)
         assert ran is not None
         return max(e.end for stream in ran for e in stream)
@@ -196,6 +196,9 @@ def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not():
     one, two = [0] * len(wiring.streams), list(range(len(wiring.streams)))
     assert makespan(one, 0.5) > makespan(one, 0.1) > makespan(one, 0.0)
     assert makespan(two, 0.5) == pytest.approx(makespan(two, 0.0), rel=1e-9)
+    # a rank's transport thread polls beside its streams: alone, an act there runs beside it
+    assert makespan(two, 0.5, frozenset(two)) > makespan(two, 0.5)
+    assert makespan(two, 0.5, frozenset(two)) == pytest.approx(makespan(one, 0.5, frozenset([0])), rel=1e-9)
 
 
 def test_stream_threads_share_the_cores_and_wait_for_the_gil():

@@ -18,7 +18,8 @@ others of its process run, an act whose share ``g`` of its time holds the GIL go
 ``1 / (1 + contention * g)`` of its speed: a large matmul, which releases it, hardly
 slows down; so many acts at once slow each other down as much as two, which fitted
 the measured runs of four devices in one process better than a slowing down with each
-act more); and a thread that was idle and is woken
+act more; in a rank's process, whose transport thread polls beside the streams, an act
+never runs alone); and a thread that was idle and is woken
 while another thread of its process runs acts back to back waits for the GIL: CPython
 hands it over when the running thread blocks (goes idle), or after a while (the switch
 interval at most; sooner where a kernel releases it long enough). Measured here: a
@@ -54,13 +55,16 @@ class Host:
     ``machine[k]`` are stream k's process (one GIL) and machine (``cores`` cores);
     ``handover``: the longest a woken thread waits for the GIL (CPython's switch interval
     at most); ``contention``: how much an act slows down, by its share that holds the
-    GIL, while others of its process run."""
+    GIL, while others of its process run; ``polled``: the processes where a thread of
+    their own polls beside the streams all along (a rank's transport), so that an act
+    there always runs beside another."""
 
     process: Sequence[int]
     machine: Sequence[int]
     cores: int
     handover: float = 0.005
     contention: float = 0.0
+    polled: frozenset[int] = frozenset()
 
 
 @attrs.frozen
@@ -369,9 +373,11 @@ class _Cpus:
         running = self.running[machine]
         share = min(1.0, self.host.cores / max(1, len(running)))
         process, together, contention = self.host.process, self.together, self.host.contention
+        polled = self.host.polled
         ends = []
         for k, slot in running.items():
-            slot[4] = share / (1 + contention * slot[3]) if together[process[k]] > 1 else share
+            p = process[k]
+            slot[4] = share / (1 + contention * slot[3]) if together[p] > 1 or p in polled else share
             self.version += 1
             slot[2] = self.version
             ends.append((now + max(0.0, slot[1]) / slot[4], (k, self.version), (slot[0], self.version)))

@@ -121,7 +121,8 @@ def _clock(
     steps = min(config.train.steps, SIMULATED_STEPS)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
-    host = Host(process, [node[r] for r in process], model.cores, model.handover, model.contention)
+    polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
+    host = Host(process, [node[r] for r in process], model.cores, model.handover, model.contention, polled)
     costs, held = zip(*unit_times(plan, wiring, model, replicas, config.parallel.tensor_parallel))
     timing = Timing(costs, model.launch, model.hop, model.between, host, meets(plan, wiring), held)
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
