@@ -180,12 +180,18 @@ def test_calibrating_recovers_how_much_kernels_of_one_process_slow_each_other_do
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
 
 
-def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not_unless_polled():
-    config = load_config("configs/default.yaml", ["train.steps=1"])
+def one_step(name: str) -> tuple:
+    """(plan, wiring, its streams' replayed orders, its units' costs by ``KNOWN``) of a
+    one-step run of ``configs/NAME.yaml``."""
+    config = load_config(f"configs/{name}.yaml", ["train.steps=1"])
     plan = compile_config(config, 1)
     wiring = wire(plan, 0, allocate=False)
     orders, _ = replayed_orders(plan, wiring, config.runtime.order)
-    costs = unit_costs(plan, wiring, KNOWN)
+    return plan, wiring, orders, unit_costs(plan, wiring, KNOWN)
+
+
+def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not_unless_polled():
+    plan, wiring, orders, costs = one_step("default")
 
     def makespan(processes: list[int], contention: float, polled: frozenset[int] = frozenset()) -> float:
         host = Host(processes, [0] * len(processes), 64, 0.0, contention, polled)
@@ -202,11 +208,7 @@ def test_acts_of_one_process_slow_each_other_down_and_of_two_processes_do_not_un
 
 
 def test_stream_threads_share_the_cores_and_wait_for_the_gil():
-    config = load_config("configs/2x2.yaml", ["train.steps=1"])
-    plan = compile_config(config, 1)
-    wiring = wire(plan, 0, allocate=False)
-    orders, _ = replayed_orders(plan, wiring, config.runtime.order)
-    costs = unit_costs(plan, wiring, KNOWN)
+    plan, wiring, orders, costs = one_step("2x2")
     streams = len(wiring.streams)
 
     def run(cores: int, handover: float) -> list:
