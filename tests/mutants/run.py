@@ -5,8 +5,8 @@ mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
     python tests/mutants/run.py            # every mutant (about a quarter of an hour on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
-The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``
-and ``tests/`` in a temporary directory, and pytest runs there with PYTHONPATH set to it.
+The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
+``tests/`` and ``configs/`` in a temporary directory, and pytest runs there with PYTHONPATH set to it.
 Exits with status 1 if any mutant survives. (Named run.py, so pytest does not collect it.)
 """
 
@@ -51,8 +51,23 @@ MUTANTS = [
         "replay-waits-one-short",
         "a replayed act waits for one act fewer of the stream it depends on",
         REPLAY,
-        "                        if counts[s] < at[s] + c:",
-        "                        if counts[s] < at[s] + c - 1:",
+        "                        need = at[s] + c",
+        "                        need = at[s] + c - 1",
+    ),
+    Mutant(
+        "replay-wakes-one-late",
+        "a replayed stream wakes a stream that waits on it one instruction after the one it waits for",
+        REPLAY,
+        "                    if waiting is not None and waiting[0] == me and done >= waiting[1]:",
+        "                    if waiting is not None and waiting[0] == me and done > waiting[1]:",
+    ),
+    Mutant(
+        "simulated-contention-of-all-python",
+        "on the virtual clock, an act slows down beside others as if all of it held the GIL",
+        "actorflow/runtime/virtual.py",
+        "share / (1 + contention * slot[3])",
+        "share / (1 + contention)",
+        ("tests/test_simulate.py",),
     ),
     Mutant(
         "replay-runs-past-the-end",
@@ -151,7 +166,7 @@ MUTANTS = [
 
 def copy_tree(dest: Path) -> None:
     ignore = shutil.ignore_patterns("__pycache__", ".hypothesis", "*.pyc")
-    for name in ("actorflow", "tests"):
+    for name in ("actorflow", "tests", "configs"):
         shutil.copytree(ROOT / name, dest / name, ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
 
