@@ -10,21 +10,22 @@ unit as a driver does, or, for a replayed run, follows the order the replay deci
 (the producer acts whose "ready" it took, the consumer acts whose "free" gave it its
 buffer).
 
-With a ``Host``, the streams are threads of processes on machines, as on CPUs: the
-acts running at once on a machine share its cores (each at ``cores / running`` of a
-core's speed when more run than it has); acts of one process running at once slow
-each other down besides, by their Python parts, which take turns with the GIL (while
-others of its process run, an act whose share ``g`` of its time holds the GIL goes at
-``1 / (1 + contention * g)`` of its speed: a large matmul, which releases it, hardly
-slows down; so many acts at once slow each other down as much as two, which fitted
-the measured runs of four devices in one process better than a slowing down with each
-act more; in a rank's process, whose transport thread polls beside the streams, an act
-never runs alone); and a thread that was idle and is woken
-while another thread of its process runs acts back to back waits for the GIL: CPython
-hands it over when the running thread blocks (goes idle), or after a while (the switch
-interval at most; sooner where a kernel releases it long enough). Measured here: a
-woken stream thread started, in the median, about when the busy one next went idle,
-not when its kernels released the GIL, which it mostly takes back first.
+With a ``Host``, the streams are threads of processes on machines, as on CPUs:
+
+- the acts running at once on a machine share its cores (each at ``cores / running`` of
+  a core's speed when more run than it has);
+- while other acts of its process run, an act goes at ``1 / (1 + contention * g)`` of
+  its speed, g its share that holds the GIL (its Python part; a large matmul releases
+  it and hardly slows down). Many acts at once slow each other down as much as two:
+  that fitted the measured runs of four devices in one process better than a slowing
+  down with each act more. In a rank's process the transport thread polls beside the
+  streams all along, so an act there never runs alone;
+- a thread that was idle and is woken while another thread of its process runs acts
+  back to back waits for the GIL: CPython hands it over when the running thread blocks
+  (goes idle), or after a while (the switch interval at most; sooner where a kernel
+  releases it long enough). Measured here: a woken stream thread started, in the
+  median, about when the busy one next went idle, not when its kernels released the
+  GIL, which it mostly takes back first.
 
 A rank's communication stream (``comm``: its sends and receives) launches whatever can
 act without waiting for the last to end, as the transport does; a send and its
