@@ -21,7 +21,7 @@ from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, layouts, predict
 from actorflow.simulate.costs import fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
-from actorflow.simulate.predict import Beside, meets, replayed_orders, step_time, unit_costs, unit_times
+from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_costs
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
@@ -164,10 +164,7 @@ def test_calibrating_recovers_how_much_kernels_of_one_process_slow_each_other_do
     wiring = wire(plan, 0, allocate=False)
     threads = {u.name: u.stream for u in wiring.units}
     beside = Beside.of(parse(made.chrome), threads, known.launch)
-    gil = {
-        u.name: (known.launch + held) / (known.launch + cost)
-        for u, (cost, held) in zip(wiring.units, unit_times(plan, wiring, known))
-    }
+    gil = gil_shares(plan, wiring, known)
     assert beside.together() and beside.contention(gil) == pytest.approx(0.5, abs=0.05)
     assert beside.contention() < 0.5  # taking every act as all Python: less contention explains the spans
     model = calibrate(with_config(made.chrome, config), "synthetic")

@@ -44,8 +44,8 @@ from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls,
 
 MAX_CONTENTION = 16.0
 """The most ``CostModel.contention`` a calibration gives."""
-CONTENTIONS = [MAX_CONTENTION * k / 200 for k in range(201)]
-"""The contentions ``Beside.contention`` tries."""
+CONTENTIONS = [k / 50 for k in range(100)] + [2 + k / 10 for k in range(round((MAX_CONTENTION - 2) * 10) + 1)]
+"""The contentions ``Beside.contention`` tries: every 0.02 up to 2, every 0.1 beyond."""
 GUESSES = 4
 """How often ``calibrate`` refits the GIL's shares of the acts and the contention."""
 SIMULATED_STEPS = 4
@@ -312,18 +312,20 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
             model=other["config"]["model"],
         )
 
-    def gil(model: CostModel) -> dict[str, float]:
-        """Per unit, the share of its act (launch and kernel) that holds the GIL."""
-        return {
-            u.name: (launch + held) / (launch + cost) if launch + cost > 0 else 1.0
-            for u, (cost, held) in zip(wiring.units, unit_times(plan, wiring, model))
-        }
-
     model = fitted(0.0, None)  # the kernels' times as measured: a first guess
     for _ in range(GUESSES):
-        shares = gil(model)
+        shares = gil_shares(plan, wiring, model)
         model = fitted(kernels.contention(shares), shares)
     return _overheads(config, plan, model, makespan, kernels.together())
+
+
+def gil_shares(plan: Plan, wiring: Wiring, model: CostModel) -> dict[str, float]:
+    """Per unit (by name), the share of its act, launch and kernel, that holds the GIL
+    (``unit_times``), as ``runtime.virtual`` takes it."""
+    return {
+        u.name: (model.launch + held) / (model.launch + cost) if model.launch + cost > 0 else 1.0
+        for u, (cost, held) in zip(wiring.units, unit_times(plan, wiring, model))
+    }
 
 
 @attrs.frozen
