@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -175,6 +176,21 @@ def test_calibrating_recovers_how_much_kernels_of_one_process_slow_each_other_do
         if want > 1e-5:  # a short kernel's few µs blur with its launch's
             assert got == pytest.approx(want, rel=0.03)
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
+
+
+def test_a_kernels_time_alone_is_its_span_less_what_it_lost_beside_other_threads_acts():
+    us = 1000  # the trace's nanoseconds
+
+    def kernel(name: str, start: int, end: int) -> SimpleNamespace:
+        return SimpleNamespace(name=name, start=start * us, end=end * us, is_kernel=True)
+
+    # thread 0 runs a over 0-100 µs; thread 1 launches b at 40 (10 µs) and runs it over 50-150
+    trace = SimpleNamespace(spans=[kernel("a", 0, 100), kernel("b", 50, 150)])
+    beside = Beside.of(trace, {"a": 0, "b": 1}, launch=10e-6)
+    assert beside.seconds * 1e6 == pytest.approx(np.array([[40, 60], [50, 50]]))
+    assert beside.work(1.0) * 1e6 == pytest.approx([40 + 60 / 2, 50 + 50 / 2])
+    assert beside.work(1.0, {"a": 0.5, "b": 0.0}) * 1e6 == pytest.approx([40 + 60 / 1.5, 100])
+    assert beside.together() and not Beside.of(trace, {"a": 0, "b": 0}, 10e-6).together()
 
 
 def one_step(name: str) -> tuple:
