@@ -77,8 +77,8 @@ class Timing:
     runs as if alone); ``meets``: per unit that is one half of a transfer between ranks
     (a send, a receive), the key its other half has: an act of it ends ``costs[u]``
     after the later of the two halves' acts of the same number started (a synchronous
-    send: MPI's ``Issend`` and ``Irecv``); ``held[u]``: of ``costs[u]``, the seconds
-    its kernel holds the GIL (all of them where None), as the launch does."""
+    send: MPI's ``Issend`` and ``Irecv``); ``gil[u]``: the share of an act of unit u,
+    launch and kernel, that holds the GIL (all of it where None)."""
 
     costs: Sequence[float]
     launch: float = 0.0
@@ -86,7 +86,7 @@ class Timing:
     between: float = 0.0
     host: Host | None = None
     meets: Mapping[int, Hashable] = attrs.Factory(dict)
-    held: Sequence[float] | None = None
+    gil: Sequence[float] | None = None
 
 
 class Entry:
@@ -193,9 +193,8 @@ def simulate(
             entry.end = entry.start + costs[unit.id]
             heapq.heappush(events, (entry.end, 0, (k, 0), entry))
         else:
-            work = launch_s + costs[unit.id]
-            held = work if timing.held is None else launch_s + timing.held[unit.id]
-            for when, order, what in cpus.run(entry, work, held / work if work > 0 else 1.0, now):
+            gil = 1.0 if timing.gil is None else timing.gil[unit.id]
+            for when, order, what in cpus.run(entry, launch_s + costs[unit.id], gil, now):
                 heapq.heappush(events, (when, 0, order, what))
             entry.start = now + launch_s / cpus.rate(k)  # the launch, slowed as the kernel is
 

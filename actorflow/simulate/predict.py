@@ -123,8 +123,11 @@ def _clock(
     process = [s.stream.rank for s in wiring.streams]
     polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
     host = Host(process, [node[r] for r in process], model.cores, model.handover, model.contention, polled)
-    costs, held = zip(*unit_times(plan, wiring, model, replicas, config.parallel.tensor_parallel))
-    timing = Timing(costs, model.launch, model.hop, model.between, host, meets(plan, wiring), held)
+    times = unit_times(plan, wiring, model, replicas, config.parallel.tensor_parallel)
+    costs = [cost for cost, _ in times]
+    timing = Timing(
+        costs, model.launch, model.hop, model.between, host, meets(plan, wiring), _gil(times, model)
+    )
     ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
@@ -320,12 +323,16 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
 
 
 def gil_shares(plan: Plan, wiring: Wiring, model: CostModel) -> dict[str, float]:
-    """Per unit (by name), the share of its act, launch and kernel, that holds the GIL
-    (``unit_times``), as ``runtime.virtual`` takes it."""
-    return {
-        u.name: (model.launch + held) / (model.launch + cost) if model.launch + cost > 0 else 1.0
-        for u, (cost, held) in zip(wiring.units, unit_times(plan, wiring, model))
-    }
+    """Per unit (by name), the share of its act that holds the GIL, as the virtual clock
+    takes it (``_gil``)."""
+    return dict(zip((u.name for u in wiring.units), _gil(unit_times(plan, wiring, model), model)))
+
+
+def _gil(times: Sequence[tuple[float, float]], model: CostModel) -> list[float]:
+    """Per unit of ``times`` (``unit_times``), the share of its act, launch and kernel,
+    that holds the GIL (``runtime.virtual.Timing.gil``)."""
+    launch = model.launch
+    return [(launch + held) / (launch + cost) if launch + cost > 0 else 1.0 for cost, held in times]
 
 
 @attrs.frozen
