@@ -1,4 +1,4 @@
-"""The suite's three hooks, all about its wall time on few cores, and one fixture that
+"""The suite's two hooks, all about its wall time on few cores, and one fixture that
 two GPU test files share (``launches``).
 
 The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
@@ -6,14 +6,12 @@ collected first, so that their worker is busy with them from the start while the
 share the rest, instead of running them alone at the end. And ``-n auto`` starts one
 worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
 the failure tests' deadlines), so the cores are shared by the ranks and two workers.
-And once collected, the session's long-lived objects (modules, test items, hypothesis'
-strategies) are frozen out of the cyclic collector, whose full collections walked them
-again and again: 1.8 s of a 20 s run of the heaviest files, 0.7 s once frozen.
+(The test session's objects are not frozen out of the cyclic collector here: every
+runtime freezes the heap while it is open and thaws it after, ``collector.heap_frozen``.)
 """
 
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -21,10 +19,6 @@ import pytest
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    gc.freeze()
 
 
 @pytest.hookimpl(optionalhook=True)
