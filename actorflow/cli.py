@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
         "rank 0 shows the progress and the report and writes --metrics, every rank writes "
         "its own trace (NAME.rankR.json) and rank 0 the merged one. Every file is written to a "
         "temporary name and renamed into place, and every output path is checked before the "
-        "first step. Ctrl-C ends the run after the step in flight (exit 130), a loss that is "
+        "first step. Ctrl-C ends the run after the steps in flight (train.steps_per_run; exit 130), a loss that is "
         "NaN or infinite at its step (exit 1, unless train.stop_on_nonfinite is false), each "
         "with the report and files of the steps run. With output.checkpoint {path: DIR, every: N} "
         "the run keeps a checkpoint in DIR every N steps and at its end (Ctrl-C included), and "

@@ -103,13 +103,19 @@ class OptimizerConfig:
 
 @attrs.frozen(kw_only=True)
 class TrainConfig:
-    """stop_on_nonfinite: end the run at the step whose loss is NaN or infinite (exit 1)."""
+    """stop_on_nonfinite: end the run at the step whose loss is NaN or infinite (exit 1).
+    steps_per_run: steps given to one ``Session.run`` (without asynchronous parameter
+    servers, which give 16): the host queues a step while the devices still run the one
+    before, instead of all of them waiting at each step's end. The losses reach
+    ``on_step``, and a Ctrl-C or a loss that is not finite stops the training, once the
+    run's steps are done."""
 
     steps: int
     batch_size: int
     optimizer: OptimizerConfig
     log_every: int = 1
     stop_on_nonfinite: bool = True
+    steps_per_run: int = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -579,6 +585,7 @@ def _check_values(config: Config) -> None:
             "train.optimizer.shard", "shards over data-parallel replicas: needs parallel.data_parallel > 1"
         )
     _at_least("train.log_every", train.log_every, 1)
+    _at_least("train.steps_per_run", train.steps_per_run, 1)
     _at_least("parallel.data_parallel", parallel.data_parallel, 1)
     _at_least("parallel.tensor_parallel", parallel.tensor_parallel, 1)
     _at_least("parallel.micro_batches", parallel.micro_batches, 1)

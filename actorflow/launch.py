@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 GRACE = 10.0
 """Seconds mpiexec gets after the first forwarded signal before its tree is killed: an
-interrupted ``actorflow run`` ends after the step in flight and then writes its report,
+interrupted ``actorflow run`` ends after the steps in flight and then writes its report,
 its metrics and its traces, which takes seconds after a long run."""
 
 LOOPBACK = ("-launcher", "fork", "-iface", "lo", "-host", "localhost")

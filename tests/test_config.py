@@ -73,12 +73,12 @@ MALFORMED: list[tuple[str, str | tuple[str, ...], str]] = [
     (
         "unknown-key",
         ("train.optimizr={kind: sgd, lr: 0.1}",),
-        "train.optimizr: unknown key (expected one of: batch_size, log_every, optimizer, steps, stop_on_nonfinite)",
+        "train.optimizr: unknown key (expected one of: batch_size, log_every, optimizer, steps, steps_per_run, stop_on_nonfinite)",
     ),
     (
         "misspelt-key",
         _baseline_without("batch_size: 256, ").replace("steps: 100", "steps: 100, batchsize: 256"),
-        "train.batchsize: unknown key (expected one of: batch_size, log_every, optimizer, steps, stop_on_nonfinite)",
+        "train.batchsize: unknown key (expected one of: batch_size, log_every, optimizer, steps, steps_per_run, stop_on_nonfinite)",
     ),
     (
         "unknown-section",

@@ -2,6 +2,7 @@
 stages end where one device with the whole batch ends, the loss falls, and the measured
 pipeline stays within its schedule's bounds."""
 
+import functools
 from collections import Counter
 
 import attrs
@@ -148,6 +149,42 @@ def test_on_step_sees_every_step_and_its_loss():
     result = train(config, on_step=lambda step, loss: seen.append((step, loss)))
     assert [s for s, _ in seen] == [0, 1, 2]
     assert [loss for _, loss in seen] == result.losses
+
+
+@pytest.mark.parametrize(
+    ("per_run", "every", "runs"),
+    [(1, None, [1] * 10), (3, None, [3, 3, 3, 1]), (16, None, [10]), (4, 3, [3, 3, 3, 1])],
+    ids=["1", "3", "16", "4-checkpoint-every-3"],
+)
+def test_steps_go_to_runs_steps_per_run_at_a_time_computing_the_same(
+    monkeypatch, tmp_path, per_run, every, runs
+):
+    from actorflow.runtime.session import Session
+
+    options = [f"train.steps_per_run={per_run}"]
+    if every is not None:
+        options.append(f"output.checkpoint={{path: {tmp_path / 'ck'}, every: {every}}}")
+    config = parse_config(SMALL_YAML, options)
+    seen = []
+    run = Session.run
+
+    def counted(self, feeds=None):
+        seen.append(len(feeds) // config.parallel.micro_batches)
+        return run(self, feeds)
+
+    monkeypatch.setattr(Session, "run", counted)
+    result = train(config)
+    assert seen == runs
+    alone = reference_steps()
+    assert result.losses == alone.losses
+    for name, value in alone.parameters.items():
+        np.testing.assert_array_equal(result.parameters[name], value)
+
+
+@functools.cache
+def reference_steps():
+    """SMALL_YAML trained one step a run."""
+    return train(parse_config(SMALL_YAML, ["train.steps_per_run=1"]))
 
 
 def test_the_report_measures_the_latest_steps_its_spans_allow(monkeypatch):

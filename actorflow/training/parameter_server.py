@@ -131,15 +131,13 @@ def quotas(config: Config, graph: Graph) -> dict[str, int]:
 
 
 def run_end(config: Config, step: int) -> int:
-    """The step a ``Session.run`` from ``step`` goes up to: the next in sync mode and
-    without parameter servers (as before), up to ``STEPS_PER_RUN`` in async mode, never
-    past a checkpoint's step."""
+    """The step a ``Session.run`` from ``step`` goes up to: ``train.steps_per_run`` steps
+    on, ``STEPS_PER_RUN`` in async mode, never past a checkpoint's step or the last."""
     steps = config.train.steps
-    if not is_async(config):
-        return step + 1
     keep = config.output.checkpoint
     every = keep.every if keep else steps
-    return min(steps, step + STEPS_PER_RUN, (step // every + 1) * every)
+    per_run = STEPS_PER_RUN if is_async(config) else config.train.steps_per_run
+    return min(steps, step + per_run, (step // every + 1) * every)
 
 
 def staleness(values: Mapping[str, np.ndarray], dropped: int = 0) -> tuple[int, int, int]:

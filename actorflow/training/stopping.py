@@ -54,7 +54,7 @@ def nonfinite(losses: list[float], steps: int, first: int = 0) -> Stop | None:
 
 class Interrupts:
     """``with Interrupts(world) as i: ... if i.stop_now(): break``: a first Ctrl-C
-    asks the run to stop after the step in flight, a second raises KeyboardInterrupt at
+    asks the run to stop after the steps in flight, a second raises KeyboardInterrupt at
     once. Only the main thread can catch signals: elsewhere nothing is installed."""
 
     def __init__(self, world: int, check: Callable[[], None] = lambda: None) -> None:
@@ -80,7 +80,7 @@ class Interrupts:
         self.heard = True
 
     def stop_now(self) -> bool:
-        """Whether the run stops after the step every rank has just run."""
+        """Whether the run stops after the steps every rank has just run."""
         if self._vote is None:
             return self.heard
         if self._vote.answer(self._check):
