@@ -54,7 +54,11 @@ same process; the GPU's name and the parameters are printed with the tables.
     log(vocab)), and samples/s actorflow / torch over the steps after --warm-steps,
     timed on both sides from the end of the last warm-up step to the end of the last
     step (actorflow's from ``train``'s per-step callback; the first steps compile CuPy's
-    kernels and warm cuBLAS) (goal: at least 1.0).
+    kernels and warm cuBLAS) (goal: at least 1.0). ``train`` gives the runtime
+    --steps-per-run steps at a time (``train.steps_per_run``, the config's default
+    unless given): the host queues a step while the GPU runs the one before, and the
+    losses of a run's steps come together at its end, so the warm-up is rounded up to
+    whole runs; torch reads each loss at its step's end.
 
 (d) benchmarks/gpu_habits.py's measurements (each kernel habit against its plain
     version), called as they are.
@@ -90,9 +94,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 
 import actorflow as af
+from actorflow.config import TrainConfig
 from actorflow.runtime.cuda import import_cupy, unavailable
 from actorflow.text import columns, count
 
@@ -389,8 +395,16 @@ def transformer_config(args: argparse.Namespace, device: str, steps: int) -> Any
             "parallel.micro_batches=1",
             "parallel.tensor_parallel=1",
             f"parallel.stages=[[{device}]]",
+            f"train.steps_per_run={args.steps_per_run}",
         ],
     )
+
+
+def warm_steps(args: argparse.Namespace) -> int:
+    """(c)'s untimed steps: --warm-steps, rounded up to whole runs of --steps-per-run (the
+    steps of one ``Session.run`` end together, so actorflow's clock starts at a run's end);
+    torch warms up as many."""
+    return -(-args.warm_steps // args.steps_per_run) * args.steps_per_run
 
 
 def actorflow_transformer(
@@ -495,15 +509,16 @@ def compare_transformer(
     from actorflow.training import initial_parameters
     from actorflow.training.data import dataset
 
-    config = transformer_config(args, device, args.warm_steps + args.train_steps)
+    warm = warm_steps(args)
+    config = transformer_config(args, device, warm + args.train_steps)
     data, initial = dataset(config), initial_parameters(config)
     for k in range(args.repeats):
-        rate, losses = torch_transformer(config, data, initial, torch_device, args.warm_steps)
+        rate, losses = torch_transformer(config, data, initial, torch_device, warm)
         found.theirs.append(rate)
         found.their_losses.append(losses)
         free()
         trace = os.path.join(args.out, "transformer.trace.json") if args.out and k == 0 else None
-        rate, losses, busy = actorflow_transformer(config, args.warm_steps, trace)
+        rate, losses, busy = actorflow_transformer(config, warm, trace)
         found.busy.append(busy)
         found.ours.append(rate)
         found.our_losses.append(losses)
@@ -536,12 +551,14 @@ def section_c(args: argparse.Namespace, cp: Any) -> None:
         cp.get_default_pinned_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
 
-    steps = args.warm_steps + args.train_steps
+    warm = warm_steps(args)
+    steps = warm + args.train_steps
     print(
         f"(c) transformer: d_model {args.d_model}, {args.layers} layers, {args.heads} heads, seq_len "
         f"{args.seq_len}, vocab {args.vocab}, batch {args.batch}, {steps} steps a run "
-        f"({args.warm_steps} warm-up), {count(args.repeats, 'run')}; actorflow on parallel.stages "
-        f"[[{DEVICES[0]}]] against torch {torch.__version__} eager on {torch.cuda.get_device_name(TORCH_DEVICE)} "
+        f"({warm} warm-up), {count(args.repeats, 'run')}; actorflow on parallel.stages "
+        f"[[{DEVICES[0]}]], {count(args.steps_per_run, 'step')} a Session.run, against torch "
+        f"{torch.__version__} eager on {torch.cuda.get_device_name(TORCH_DEVICE)} "
         f"(torch float32 matmul precision {torch.get_float32_matmul_precision()!r}, "
         f"CUPY_TF32={os.environ.get('CUPY_TF32', 'unset')})",
         flush=True,
@@ -565,7 +582,7 @@ def section_c(args: argparse.Namespace, cp: Any) -> None:
         ratios = [a / b for a, b in zip(found.ours, found.theirs)]
         rows.append(
             (
-                f"(c) samples/s over steps {args.warm_steps + 1}-{steps}, actorflow against torch eager",
+                f"(c) samples/s over steps {warm + 1}-{steps}, actorflow against torch eager",
                 f"{statistics.median(found.ours):,.1f}" if found.ours else "n/a (failed)",
                 f"{statistics.median(found.theirs):,.1f}" if found.theirs else "n/a (failed)",
                 f"{statistics.median(ratios):.2f}x (runs: {runs(ratios)}; goal 1.0)" if ratios else "",
@@ -736,7 +753,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--vocab", type=int, default=64)
     c.add_argument("--batch", type=int, default=8, help="sequences a step (default 8)")
     c.add_argument("--train-steps", type=int, default=8, help="timed steps a run (default 8)")
-    c.add_argument("--warm-steps", type=int, default=2, help="untimed steps first (default 2)")
+    c.add_argument(
+        "--warm-steps", type=int, default=2, help="untimed steps first, rounded up to whole runs (default 2)"
+    )
+    c.add_argument(
+        "--steps-per-run",
+        type=int,
+        default=attrs.fields(TrainConfig).steps_per_run.default,
+        help="actorflow's train.steps_per_run (default: the config's, %(default)s)",
+    )
     e = p.add_argument_group("(e) (c)'s profile")
     e.add_argument("--profile-steps", type=int, default=6, help="steps of the longer run (default 6)")
     e.add_argument("--profile-rows", type=int, default=25, help="kernels listed a side (default 25)")
@@ -745,7 +770,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         for name, value in QUICK.items():
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, value)
-    counts = ("repeats", "chain", "size", "steps", "block", "overlap_steps", "train_steps", "warm_steps")
+    counts = (
+        "repeats",
+        "chain",
+        "size",
+        "steps",
+        "block",
+        "overlap_steps",
+        "train_steps",
+        "warm_steps",
+        "steps_per_run",
+    )
     if min(getattr(args, name) for name in counts) < 1:
         p.error(f"{', '.join('--' + name.replace('_', '-') for name in counts)}: each at least 1")
     return args
