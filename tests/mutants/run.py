@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (15 of them: about 27 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (17 of them: about 28 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -160,6 +160,22 @@ MUTANTS = [
         "            parameter_server.rank_devices(parameter_server.without(config, workers), plan.world - 1)",
         "            pass",
         SURVIVAL,
+    ),
+    Mutant(
+        "runtime-leaves-the-heap-unfrozen",
+        "a runtime opens without freezing the heap it found out of the cyclic collector",
+        "actorflow/runtime/runtime.py",
+        "            self._stack.enter_context(heap_frozen())\n",
+        "",
+        ("tests/test_collector.py",),
+    ),
+    Mutant(
+        "train-ignores-steps-per-run",
+        "train gives the runtime one step a run whatever train.steps_per_run says",
+        "actorflow/training/parameter_server.py",
+        "else config.train.steps_per_run",
+        "else 1",
+        ("tests/test_pipeline.py",),
     ),
 ]
 
