@@ -139,7 +139,8 @@ def train(
     resume: str | None = None,
     on_lost: Callable[[str, int], None] | None = None,
 ) -> RunResult:
-    """Run train.steps steps; ``on_step(step, loss)`` after each; ``trace``: write a Chrome
+    """Run train.steps steps; ``on_step(step, loss)`` after each (the steps of one
+    ``Session.run``, ``train.steps_per_run`` of them, once it ends); ``trace``: write a Chrome
     trace; ``resume``: go on from the newest checkpoint in that folder (see ``checkpoint``)
     to train.steps, instead of from step 0. With ``output.checkpoint``, a checkpoint is
     written every ``every`` steps and when the run ends (except at a loss that is not finite).
