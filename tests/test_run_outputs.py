@@ -76,7 +76,7 @@ def test_a_kill_while_metrics_are_written_leaves_the_previous_file_whole(tmp_pat
             sys.executable,
             "-c",
             "import sys; from actorflow.files import write_json; "
-            "write_json({'losses': list(range(30_000_000))}, sys.argv[1])",
+            "write_json({'losses': list(range(5_000_000))}, sys.argv[1])",  # a second of writing
             str(path),
         ],
         cwd=REPO,
@@ -86,6 +86,7 @@ def test_a_kill_while_metrics_are_written_leaves_the_previous_file_whole(tmp_pat
         while not any(p.name.endswith(".part") and p.stat().st_size for p in tmp_path.iterdir()):
             assert writer.poll() is None, "the writer ended before it was killed"
             assert time.monotonic() < deadline
+            time.sleep(0.002)  # leave the cores to the writer
         writer.send_signal(signal.SIGKILL)
     finally:
         writer.wait(timeout=30)
