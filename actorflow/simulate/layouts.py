@@ -7,6 +7,7 @@ import attrs
 
 from ..config import Config, parse_config
 from ..errors import CompileError, ConfigError
+from ..training.parameter_server import run_end
 from ..training.runner import compile_config
 from .costs import CostModel
 from .predict import Prediction, predict, step_time, work
@@ -145,7 +146,7 @@ def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> lis
         d, t, p = layout
         if limit is not None and parameters > limit * t * p:
             continue
-        weighed.append((bound(seconds, t, p, model), n, replica, layout, m, schedule))
+        weighed.append((bound(seconds, t, p, model, run_end(replica, 0)), n, replica, layout, m, schedule))
     weighed.sort(key=lambda w: w[:2])
     found: list[tuple[float, int, Candidate]] = []
     clocked: dict[tuple[tuple[int, int, int], bytes], float] = {}
@@ -165,13 +166,14 @@ def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> lis
     return [c for _, _, c in found[:keep]]
 
 
-def bound(work_seconds: float, tensor: int, pipeline: int, model: CostModel) -> float:
+def bound(work_seconds: float, tensor: int, pipeline: int, model: CostModel, steps_per_run: int) -> float:
     """The least step time of a replica of ``tensor`` x ``pipeline`` devices whose kernels
     take ``work_seconds`` of a core: its ranks' machines (one rank a stage, on its first
     device's node, as ``predict.rank_nodes`` places it) run that work on ``model.cores``
-    cores each, at best evenly shared, and a step ends the host's time before the next."""
+    cores each, at best evenly shared, and a run of ``steps_per_run`` steps ends the
+    host's time before the next."""
     machines = len({s * tensor // model.node_size for s in range(pipeline)})
-    return work_seconds / (machines * model.cores) + model.between
+    return work_seconds / (machines * model.cores) + model.between / steps_per_run
 
 
 def one_device(replica: Config, model: CostModel) -> tuple[int, float]:

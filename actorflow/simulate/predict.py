@@ -4,8 +4,9 @@ fitted from a measured one.
 ``predict`` compiles the config's Plan, wires it as a run would (no buffers), and runs it
 through the same protocol the stream threads run, each act taking the time the cost
 model gives: in the order the replay decided where the runtime would replay it
-(``replay.schedule``), else choosing as the drivers do. A step is one run, as
-``actorflow run`` makes it. The simulated acts become spans through the runtime's own
+(``replay.schedule``), else choosing as the drivers do. A run is the steps ``actorflow
+run`` gives one (``train.steps_per_run``: ``parameter_server.run_end``), the host's time
+between runs after each. The simulated acts become spans through the runtime's own
 span maker, so the report and the metrics are ``actorflow run``'s, from the same code
 (``training.runner.measure``).
 
@@ -39,6 +40,7 @@ from ..runtime.virtual import Entry, Host, Timing, simulate
 from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
+from ..training.parameter_server import run_end
 from ..training.runner import RunResult, compile_config, measure
 from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
 
@@ -49,7 +51,8 @@ CONTENTIONS = [k / 50 for k in range(100)] + [2 + k / 10 for k in range(round((M
 GUESSES = 4
 """How often ``calibrate`` refits the GIL's shares of the acts and the contention."""
 SIMULATED_STEPS = 4
-"""Steps simulated at most; the rest of a run repeats them."""
+"""Steps simulated: whole runs, at least one, as many as fit in these; the rest of a
+training repeats them."""
 
 
 @attrs.frozen
@@ -114,11 +117,13 @@ def _clock(
     replicas: int = 1,
     replayed: Replayed | None = None,
 ) -> tuple[list[Entry], float, str]:
-    """The simulated acts of up to ``SIMULATED_STEPS`` one-step runs, the seconds a step
-    takes (the host's time between steps included), and how the run orders its acts
-    (``replayed``: ``replayed_orders`` of this wiring, where the caller has it)."""
-    orders, ordered_by = replayed or replayed_orders(plan, wiring, config.runtime.order)
-    steps = min(config.train.steps, SIMULATED_STEPS)
+    """The simulated acts of the runs of ``SIMULATED_STEPS`` steps (whole runs, at least
+    one), the seconds a step takes (the host's time between runs included), and how the
+    run orders its acts (``replayed``: ``replayed_orders`` of this wiring for a run of
+    ``run_end(config, 0)`` steps, where the caller has it)."""
+    per_run = run_end(config, 0)
+    orders, ordered_by = replayed or replayed_orders(plan, wiring, config.runtime.order, per_run)
+    runs = max(1, SIMULATED_STEPS // per_run)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
     polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
@@ -128,24 +133,24 @@ def _clock(
     timing = Timing(
         costs, model.launch, model.hop, model.between, host, meets(plan, wiring), _gil(times, model)
     )
-    ran = simulate(wiring, plan.micro_batches, 1, steps, timing, orders)
+    ran = simulate(wiring, plan.micro_batches, per_run, runs, timing, orders)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
     entries = [e for stream in ran for e in stream]
     end = max((e.end for e in entries), default=0.0)
-    return entries, (end + model.between) / steps, ordered_by
+    return entries, (end + model.between) / (runs * per_run), ordered_by
 
 
-def replayed_orders(plan: Plan, wiring: Wiring, order: str) -> Replayed:
-    """Per stream, the units a run of one step launches, where the runtime would replay
-    ``plan`` (``Runtime``'s choice); and how the run orders its acts."""
+def replayed_orders(plan: Plan, wiring: Wiring, order: str, steps: int) -> Replayed:
+    """Per stream, the units a run of ``steps`` steps launches, where the runtime would
+    replay ``plan`` (``Runtime``'s choice); and how the run orders its acts."""
     program: Program | str = "order='dynamic' was asked for" if order == "dynamic" else schedule(plan, 0)
     if not isinstance(program, Program):
         return None, f"dynamic: {program}"
     orders = []
     for k, block in enumerate(program.blocks):
-        shifts = [b * program.period for b in program.span(k, 1)]
-        orders.append([wiring.units[e.unit.id] for s in shifts for e in block if 0 <= e.step + s < 1])
+        shifts = [b * program.period for b in program.span(k, steps)]
+        orders.append([wiring.units[e.unit.id] for s in shifts for e in block if 0 <= e.step + s < steps])
     return orders, "replay"
 
 
@@ -288,9 +293,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     threads = {u.name: u.stream for u in wiring.units}
     launch, hop = _host_times(trace, threads)
     kernels = Beside.of(trace, threads, launch)
-    steps = sorted((s.start, s.end) for s in trace.spans if s.category == "step")
-    makespan = statistics.median(e - b for b, e in steps) / 1e9
-    gap = statistics.median([max(0, b - e) for (_, e), (b, _) in zip(steps, steps[1:])] or [0]) / 1e9
+    makespan, gap = _runs_measured(trace, config)
 
     def fitted(contention: float, gil: Mapping[str, float] | None) -> CostModel:
         durations = kernels.alone(contention, gil)
@@ -320,6 +323,28 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         shares = gil_shares(plan, wiring, model)
         model = fitted(kernels.contention(shares), shares)
     return _overheads(config, plan, model, makespan, kernels.together())
+
+
+def _runs_measured(trace: Trace, config: Config) -> tuple[float, float]:
+    """(the seconds a step took, the median over the trace's whole runs of their time by
+    their steps; the host's time between two runs, their median gap) of a trace of
+    ``config``'s training, whose runs begin where ``run_end`` says (a run's steps overlap,
+    so only a run's time tells)."""
+    starts, step = [], 0
+    while step < config.train.steps:
+        starts.append(step)
+        step = run_end(config, step)
+    by_step = {s.args["iteration"]: (s.start, s.end) for s in trace.spans if s.category == "step"}
+    runs = [
+        [by_step[k] for k in range(begin, end)]
+        for begin, end in zip(starts, [*starts[1:], config.train.steps])
+        if all(k in by_step for k in range(begin, end))  # a trace keeps the latest whole steps
+    ]
+    if not runs:
+        raise CalibrationError("a trace without a whole run's steps")
+    makespan = statistics.median((run[-1][1] - run[0][0]) / len(run) for run in runs) / 1e9
+    gaps = [max(0, b[0][0] - a[-1][1]) for a, b in zip(runs, runs[1:])]
+    return makespan, statistics.median(gaps or [0]) / 1e9
 
 
 def gil_shares(plan: Plan, wiring: Wiring, model: CostModel) -> dict[str, float]:
@@ -491,7 +516,7 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, to
 
     lo, hi = 0.0, MAX_CONTENTION if together else sys.getswitchinterval()
     wiring = wire(plan, None, allocate=False)  # the same each step: only the trial's value changes
-    replayed = replayed_orders(plan, wiring, config.runtime.order)
+    replayed = replayed_orders(plan, wiring, config.runtime.order, run_end(config, 0))
     for _ in range(20):
         mid = (lo + hi) / 2
         _, seconds, _ = _clock(config, plan, wiring, trial(mid, 0.0), replayed=replayed)
