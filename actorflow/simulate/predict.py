@@ -51,8 +51,8 @@ CONTENTIONS = [k / 50 for k in range(100)] + [2 + k / 10 for k in range(round((M
 GUESSES = 4
 """How often ``calibrate`` refits the GIL's shares of the acts and the contention."""
 SIMULATED_STEPS = 4
-"""Steps simulated: whole runs, at least one, as many as fit in these; the rest of a
-training repeats them."""
+"""Steps simulated: whole runs, at least one, as many as fit in these (or in the
+training's steps, if fewer); the rest of a training repeats them."""
 
 
 @attrs.frozen
@@ -117,13 +117,13 @@ def _clock(
     replicas: int = 1,
     replayed: Replayed | None = None,
 ) -> tuple[list[Entry], float, str]:
-    """The simulated acts of the runs of ``SIMULATED_STEPS`` steps (whole runs, at least
-    one), the seconds a step takes (the host's time between runs included), and how the
+    """The simulated acts of the runs of ``SIMULATED_STEPS`` steps (see there), the
+    seconds a step takes (the host's time between runs included), and how the
     run orders its acts (``replayed``: ``replayed_orders`` of this wiring for a run of
     ``run_end(config, 0)`` steps, where the caller has it)."""
     per_run = run_end(config, 0)
     orders, ordered_by = replayed or replayed_orders(plan, wiring, config.runtime.order, per_run)
-    runs = max(1, SIMULATED_STEPS // per_run)
+    runs = max(1, min(config.train.steps, SIMULATED_STEPS) // per_run)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
     polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
