@@ -20,7 +20,7 @@ from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, layouts, predict
-from actorflow.simulate.costs import fit, shipped
+from actorflow.simulate.costs import CalibrationError, fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
 from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_costs
 from actorflow.trace.parse import parse
@@ -171,6 +171,14 @@ def test_calibrating_on_a_trace_with_known_costs_gives_them_back():
     assert unit_costs(plan, wiring, model) == pytest.approx(unit_costs(plan, wiring, KNOWN), rel=0.03)
     assert (model.launch, model.between) == pytest.approx((KNOWN.launch, KNOWN.between), rel=1e-3)
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
+
+
+def test_calibrating_on_a_trace_without_a_whole_runs_steps_says_so():
+    config = load_config("configs/default.yaml", ["train.steps=4"])
+    chrome = with_config(predict(config, KNOWN).chrome, config)
+    chrome["traceEvents"] = [e for e in chrome["traceEvents"] if e.get("cat") != "step"]
+    with pytest.raises(CalibrationError, match="^t.json: a trace without every step of one run"):
+        calibrate(chrome, "t.json")
 
 
 @pytest.mark.timeout(120)

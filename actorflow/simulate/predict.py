@@ -293,7 +293,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     threads = {u.name: u.stream for u in wiring.units}
     launch, hop = _host_times(trace, threads)
     kernels = Beside.of(trace, threads, launch)
-    makespan, gap = _runs_measured(trace, config)
+    makespan, gap = _runs_measured(trace, config, where)
 
     def fitted(contention: float, gil: Mapping[str, float] | None) -> CostModel:
         durations = kernels.alone(contention, gil)
@@ -325,11 +325,11 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     return _overheads(config, plan, model, makespan, kernels.together())
 
 
-def _runs_measured(trace: Trace, config: Config) -> tuple[float, float]:
+def _runs_measured(trace: Trace, config: Config, where: str) -> tuple[float, float]:
     """(the seconds a step took, the median over the trace's whole runs of their time by
     their steps; the host's time between two runs, their median gap) of a trace of
-    ``config``'s training, whose runs begin where ``run_end`` says (a run's steps overlap,
-    so only a run's time tells)."""
+    ``config``'s training (the file ``where``), whose runs begin where ``run_end`` says (a
+    run's steps overlap, so only a run's time tells)."""
     starts, step = [], 0
     while step < config.train.steps:
         starts.append(step)
@@ -341,7 +341,7 @@ def _runs_measured(trace: Trace, config: Config) -> tuple[float, float]:
         if all(k in by_step for k in range(begin, end))  # a trace keeps the latest whole steps
     ]
     if not runs:
-        raise CalibrationError("a trace without a whole run's steps")
+        raise CalibrationError(f"{where}: a trace without every step of one run (actorflow run's steps)")
     makespan = statistics.median((run[-1][1] - run[0][0]) / len(run) for run in runs) / 1e9
     gaps = [max(0, b[0][0] - a[-1][1]) for a, b in zip(runs, runs[1:])]
     return makespan, statistics.median(gaps or [0]) / 1e9
