@@ -46,7 +46,7 @@ def heap_frozen() -> Iterator[None]:
     collector can't tell whose they were (Python 3.12 freezes a few hundred at start-up).
 
     Why: every so often CPython collects over the whole heap, holding the GIL. With
-    PyTorch, CuPy and a compiled plan in the process that took 240-330 ms on an H200
+    PyTorch, CuPy and a compiled plan in the process that took 170-330 ms on an H200
     machine's host, in which no stream's host thread launched anything and the GPU went
     idle. The objects a run makes are few and short-lived, so its collections over them
     alone cost little. Garbage cycles among the frozen objects wait until the last

@@ -1,6 +1,6 @@
 """While a runtime is open, the heap it found is frozen out of the cyclic collector
 (``collector.heap_frozen``): a full collection over PyTorch's, CuPy's and a plan's objects
-held every stream's host thread for 240-330 ms on a GPU machine."""
+held every stream's host thread for 170-330 ms on a GPU machine."""
 
 import gc
 

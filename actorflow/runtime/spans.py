@@ -17,9 +17,8 @@ class SpanMaker:
         self.plan = plan
         self._args = {a.id: _span_args(plan, a, rank) for a in plan.actors}
         self._peers = transfer_peers(plan)
-        self._calls: dict[
-            tuple[int, int], int
-        ] = {}  # (actor id, input) -> the call of a reused producer it reads
+        self._calls: dict[tuple[int, int], int] = {}
+        """(actor id, input slot) -> the call of a reused producer that input reads."""
 
     def record(
         self,

@@ -8,7 +8,8 @@ two-level topology: links within a node and across nodes (``Link``), a collectiv
 several nodes reducing within each node first (the two-level collectives of seed 004).
 Around the kernels the runtime itself costs time, measured too: ``launch`` per act on
 a stream, ``hop`` per message between streams' threads (a wake-up), ``between`` the
-host's time from one step's end to the next's start; and the stream threads share the
+host's time from one run's end to the next's start (a run: ``train.steps_per_run``
+steps); and the stream threads share the
 machine's ``cores`` and their process's GIL (``runtime.virtual.Host``): acts of one
 process running at once slow each other down, by their Python parts (``contention``).
 
@@ -18,10 +19,12 @@ acts, by non-negative least squares per kind, pulled towards one fit over every 
 (what a kind seen on one shape only can't tell apart: its fixed cost from its rates);
 each kernel's time first taken back to what it would have been alone (by how long it
 ran beside others of its process, its share that holds the GIL as the fit gives it, and
-the contention that makes each actor's acts most alike: ``predict.Beside``); the stream's time per act from the gaps between its
-back-to-back kernels, a wake-up from the delays of idle streams' kernels after what they
-waited for ended, and the contention (or, for a run of one thread, the GIL's hand-over)
-by simulating the measured config and matching its step time.
+the contention that makes each actor's acts most alike: ``predict.Beside``); the
+stream's time per act from the gaps between its back-to-back kernels, a wake-up from the
+delays of idle streams' kernels after what they waited for ended, the time between runs
+from the gaps between the trace's whole runs, and the contention (or, for a run of one
+thread, the GIL's hand-over) by simulating the measured config and matching its step
+time.
 The result is a small JSON file a user keeps per machine (``CostModel.to_json``); one per
 model kind ships with actorflow (``shipped``), fitted on its developers' 2-core VM.
 """

@@ -507,7 +507,7 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, to
     slowing down beside each other that their spans show (``Beside``) leaves out the
     other threads' host work between kernels (launches, the protocol), which holds the
     GIL too; else of ``handover`` (up to CPython's switch interval). The measured time
-    between steps (``model.between``) includes the next step's first launch."""
+    between runs (``model.between``) includes the next run's first launch."""
 
     def trial(value: float, between: float) -> CostModel:
         if together:
