@@ -14,7 +14,11 @@ parameters (the compiled plan's) and the same batches (``training.data.step_feed
     stage's measured kernel seconds a step, m identical micro-batches: the flow shop's
     makespan), the bound no host path can pass;
 (c) the same with parallel.micro_batches=8 (PyTorch's step is the same full batch
-    either way, so its figures measure the same computation again).
+    either way, so its figures measure the same computation again);
+(d) per m, beside them: the same model's stages as plain numpy loops with nothing between
+    their kernels and no hand-off between stages (``numpy_stages``), on one thread, a
+    thread per stage and a process per stage: what any runtime of numpy kernels can reach
+    on each placement before its bubble.
 
 actorflow's side is the CLI itself, run as a subprocess (``python -m actorflow run
 configs/default.yaml --metrics FILE --set train.steps=N --set parallel.micro_batches=M``):
@@ -25,6 +29,8 @@ PyTorch's side is timed the same way, over its steps alone: each step takes its 
 from ``step_feeds``, runs forward, backward and ``optimizer.step()``, and reads the
 loss. Each figure is the median of --repeats runs, the actorflow and torch runs of a
 repeat one after the other; ratios are taken per repeat, then their median.
+
+Each repeat runs actorflow, then the numpy loops, then torch.
 
 Run: python benchmarks/vs_torch.py [--repeats 3] [--steps 100] [--micro-batches 4 8] [--quick]
 (torch is a benchmark extra: pip install 'actorflow[bench]')
@@ -50,9 +56,11 @@ from actorflow.text import columns, count
 from actorflow.trace.metrics import makespan
 from actorflow.training import compile_config
 from actorflow.training.data import Data, dataset, step_feeds
+from numpy_stages import bound  # benchmarks/ is on sys.path when this script runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 GOAL = 1e-5  # the largest loss difference allowed at any step
+PLACEMENTS = {"thread": "1 thread", "threads": "a thread per stage", "processes": "a process per stage"}
 
 
 def actorflow_run(overrides: list[str]) -> tuple[float, list[float], float]:
@@ -126,25 +134,30 @@ def loss_differences(ours: list[list[float]], theirs: list[list[float]]) -> np.n
 
 def compare(
     overrides: list[str], repeats: int
-) -> tuple[list[float], list[float], dict[int, list[float]], np.ndarray]:
-    """Samples/s of each repeat's actorflow run and its kernel-bound samples/s, and per
-    thread count, of its torch runs; and ``loss_differences`` over all of them."""
+) -> tuple[list[float], list[float], dict[str, list[float]], dict[int, list[float]], np.ndarray]:
+    """Samples/s of each repeat's actorflow run and its kernel-bound samples/s; per
+    placement, of the plain numpy stages; per thread count, of its torch runs; and
+    ``loss_differences`` over the actorflow and torch runs."""
     config = load_config(CONFIG, overrides)
     data, initial = dataset(config), initial_parameters(config)
     ours: list[float] = []
     bounds: list[float] = []
+    plain: dict[str, list[float]] = {placement: [] for placement in PLACEMENTS}
     theirs: dict[int, list[float]] = {1: [], 2: []}
     our_losses, their_losses = [], []
+    stages = (config.model.sizes, config.stage_layers, config.train.batch_size, config.parallel.micro_batches)
     for _ in range(repeats):
-        rate, losses, bound = actorflow_run(overrides)
+        rate, losses, kernel_bound = actorflow_run(overrides)
         ours.append(rate)
-        bounds.append(bound)
+        bounds.append(kernel_bound)
         our_losses.append(losses)
+        for placement, rates in plain.items():
+            rates.append(bound(placement, *stages, config.train.steps))
         for threads, rates in theirs.items():
             rate, losses = torch_run(config, data, initial, threads)
             rates.append(rate)
             their_losses.append(losses)
-    return ours, bounds, theirs, loss_differences(our_losses, their_losses)
+    return ours, bounds, plain, theirs, loss_differences(our_losses, their_losses)
 
 
 def float64_differences(overrides: list[str]) -> np.ndarray:
@@ -203,10 +216,14 @@ def main() -> int:
     tenths = []
     for m in args.micro_batches:
         overrides = [f"train.steps={steps}", f"parallel.micro_batches={m}"]
-        ours, bounds, theirs, diffs = compare(overrides, args.repeats)
+        ours, bounds, plain, theirs, diffs = compare(overrides, args.repeats)
         rows.append(loss_row(f"m = {m}: largest |loss difference|, actorflow - torch", diffs))
+        numpy_rows = [
+            (f"numpy stages alone on {where}", plain[placement]) for placement, where in PLACEMENTS.items()
+        ]
         for threads in (2, 1):
-            for what, rates in (("actorflow run", ours), ("its kernels with no time between them", bounds)):
+            mine = [("actorflow run", ours), ("its kernels with no time between them", bounds)]
+            for what, rates in mine + (numpy_rows if threads == 2 else []):
                 ratios = [a / b for a, b in zip(rates, theirs[threads])]
                 rows.append(
                     (
