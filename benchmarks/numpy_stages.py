@@ -51,7 +51,9 @@ class Stage:
         self.labels = rng.integers(0, sizes[-1], rows)
         self.first, self.last = first, last
 
-    def micro_batch(self) -> None:
+    def micro_batch(self) -> np.ndarray:
+        """One micro-batch's forward and backward; the gradient of its input (the last
+        layer's, for the first stage)."""
         layers = len(self.w)
         outs = [self.x]
         for k, (w, b) in enumerate(zip(self.w, self.b)):
@@ -72,6 +74,7 @@ class Stage:
             self.grads[layers + k] += d.sum(axis=0)
             if k or not self.first:
                 d = d @ self.w[k].T
+        return d
 
     def step(self, micro_batches: int, lr: float = 0.05, momentum: float = 0.9) -> None:
         for _ in range(micro_batches):
