@@ -15,10 +15,12 @@ parameters (the compiled plan's) and the same batches (``training.data.step_feed
     makespan), the bound no host path can pass;
 (c) the same with parallel.micro_batches=8 (PyTorch's step is the same full batch
     either way, so its figures measure the same computation again);
-(d) per m, beside them: the same model's stages as plain numpy loops with nothing between
-    their kernels and no hand-off between stages (``numpy_stages``), on one thread, a
-    thread per stage and a process per stage: what any runtime of numpy kernels can reach
-    on each placement before its bubble.
+(d) per m, beside them: the same model's stages as plain numpy loops (``numpy_stages``):
+    on one thread; a thread, or a process, per stage, each on its own (no hand-off: the
+    bound of any pipeline on that placement before its bubble); and a bare 1F1B pipeline
+    of them over threads, or processes (rings of buffers and semaphores, no runtime):
+    what numpy's kernels reach on each placement with no runtime at all, and actorflow
+    against the bare pipeline over threads (its own placement).
 
 actorflow's side is the CLI itself, run as a subprocess (``python -m actorflow run
 configs/default.yaml --metrics FILE --set train.steps=N --set parallel.micro_batches=M``):
@@ -51,16 +53,22 @@ from pathlib import Path
 
 import numpy as np
 
+import numpy_stages  # benchmarks/ is on sys.path when this script runs
 from actorflow.config import Config, load_config
 from actorflow.text import columns, count
 from actorflow.trace.metrics import makespan
 from actorflow.training import compile_config
 from actorflow.training.data import Data, dataset, step_feeds
-from numpy_stages import bound  # benchmarks/ is on sys.path when this script runs
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 GOAL = 1e-5  # the largest loss difference allowed at any step
-PLACEMENTS = {"thread": "1 thread", "threads": "a thread per stage", "processes": "a process per stage"}
+PLACEMENTS = {
+    "thread": "numpy stages on 1 thread",
+    "threads": "numpy stages on a thread per stage, each on its own",
+    "processes": "numpy stages on a process per stage, each on its own",
+    "threads 1f1b": "numpy stages in a bare 1F1B pipeline over threads",
+    "processes 1f1b": "numpy stages in a bare 1F1B pipeline over processes",
+}
 
 
 def actorflow_run(overrides: list[str]) -> tuple[float, list[float], float]:
@@ -152,7 +160,7 @@ def compare(
         bounds.append(kernel_bound)
         our_losses.append(losses)
         for placement, rates in plain.items():
-            rates.append(bound(placement, *stages, config.train.steps))
+            rates.append(numpy_stages.rate(placement, *stages, config.train.steps))
         for threads, rates in theirs.items():
             rate, losses = torch_run(config, data, initial, threads)
             rates.append(rate)
@@ -218,21 +226,27 @@ def main() -> int:
         overrides = [f"train.steps={steps}", f"parallel.micro_batches={m}"]
         ours, bounds, plain, theirs, diffs = compare(overrides, args.repeats)
         rows.append(loss_row(f"m = {m}: largest |loss difference|, actorflow - torch", diffs))
-        numpy_rows = [
-            (f"numpy stages alone on {where}", plain[placement]) for placement, where in PLACEMENTS.items()
+        torches = {
+            threads: (f"torch eager on {count(threads, 'thread')}", theirs[threads]) for threads in (2, 1)
+        }
+        comparisons = [
+            ("actorflow run", ours, torches[2]),
+            ("its kernels with no time between them", bounds, torches[2]),
+            *((what, plain[placement], torches[2]) for placement, what in PLACEMENTS.items()),
+            ("actorflow run", ours, torches[1]),
+            ("its kernels with no time between them", bounds, torches[1]),
+            ("actorflow run", ours, (PLACEMENTS["threads 1f1b"], plain["threads 1f1b"])),
         ]
-        for threads in (2, 1):
-            mine = [("actorflow run", ours), ("its kernels with no time between them", bounds)]
-            for what, rates in mine + (numpy_rows if threads == 2 else []):
-                ratios = [a / b for a, b in zip(rates, theirs[threads])]
-                rows.append(
-                    (
-                        f"m = {m}: samples/s, {what} against torch eager on {count(threads, 'thread')}",
-                        f"{statistics.median(rates):,.0f}",
-                        f"{statistics.median(theirs[threads]):,.0f}",
-                        f"{statistics.median(ratios):.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})",
-                    )
+        for what, rates, (baseline, base_rates) in comparisons:
+            ratios = [a / b for a, b in zip(rates, base_rates)]
+            rows.append(
+                (
+                    f"m = {m}: samples/s, {what} against {baseline}",
+                    f"{statistics.median(rates):,.0f}",
+                    f"{statistics.median(base_rates):,.0f}",
+                    f"{statistics.median(ratios):.2f}x (runs: {', '.join(f'{r:.2f}' for r in ratios)})",
                 )
+            )
         rows.append(
             loss_row(f"m = {m}: the same losses in float64, one run each", float64_differences(overrides))
         )
