@@ -103,6 +103,14 @@ def parser() -> argparse.ArgumentParser:
         help="a trace written by actorflow run --trace, or a calibration file; default: the one "
         "shipped for the config's model (a 2-core VM's)",
     )
+    sim.add_argument(
+        "--crowding",
+        metavar="TRACE",
+        help="a trace written by actorflow run --trace of the same model with more than two devices "
+        "in one process (e.g. configs/2x2.yaml): fits how much more acts slow each other down "
+        "the more of them run at once (default: the calibration's own figure, 0 for a trace: "
+        "four at once as slow as two)",
+    )
     sim.add_argument("--save-calibration", metavar="FILE", help="write the fitted cost model there")
     sim.add_argument(
         "--layout",
@@ -309,7 +317,7 @@ def _simulate(config, args) -> int:
     try:
         check_outputs(
             {"--trace": args.trace, "--metrics": args.metrics, "--save-calibration": args.save_calibration},
-            {"config": args.config, "calibration": args.calibrate},
+            {"config": args.config, "calibration": args.calibrate, "crowding trace": args.crowding},
         )
         if args.calibrate is None:
             print(
@@ -317,7 +325,7 @@ def _simulate(config, args) -> int:
                 "model, fitted on a 2-core VM, not this machine",
                 file=sys.stderr,
             )
-        model = cost_model(args.calibrate, config.model.kind)
+        model = cost_model(args.calibrate, config.model.kind, args.crowding)
         if args.save_calibration:
             with replaced(args.save_calibration) as f:
                 f.write(model.to_json())

@@ -1,7 +1,7 @@
 """The simulator's accuracy: configs measured by ``actorflow run`` and predicted by
 ``actorflow simulate`` in the same invocation, the cost model calibrated on one run of a
-config not in the table (per model: the MLP's on GPipe at 2 micro-batches, the
-transformer's on 4 micro-batches).
+config not in the table (per model: the MLP's on GPipe at 2 micro-batches, its crowding
+on 2x2 under GPipe at 2 micro-batches; the transformer's on 4 micro-batches).
 
 Per config: the measured step time (the median over steps of one step's start to the
 next's, from the run's trace, which leaves out the steps other load on the machine
@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 from actorflow.config import load_config
-from actorflow.simulate import calibrate, predict
+from actorflow.simulate import calibrate, fit_crowding, predict
 from actorflow.text import columns
 from actorflow.trace.parse import parse
 from actorflow.training import train
@@ -56,6 +56,9 @@ CALIBRATION = {
     "mlp": ("gpipe", ["parallel.micro_batches=2"]),
     "transformer": ("transformer", ["parallel.micro_batches=4"]),
 }
+CROWDING = {"mlp": ("2x2", ["parallel.schedule=gpipe", "parallel.micro_batches=2"])}
+"""Per model, a run of more than two devices in one process, not in the table, that the
+crowding is fitted on (``fit_crowding``; the transformer's calibration run has four)."""
 
 
 def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str, ranks: int = 1) -> tuple:
@@ -118,7 +121,13 @@ def main() -> int:
             name, sets = CALIBRATION[kind]
             *_, chrome = measured(name, sets, args.steps, 1, folder)
             model = calibrate(chrome, f"{name} {' '.join(sets)}")
-            print(f"{kind}: calibrated on {name} {' '.join(sets)}")
+            print(f"{kind}: calibrated on {name} {' '.join(sets)}", end="")
+            if kind in CROWDING:
+                name, sets = CROWDING[kind]
+                *_, chrome = measured(name, sets, args.steps, 1, folder)
+                model = fit_crowding(model, chrome, f"{name} {' '.join(sets)}")
+                print(f"; crowding {model.crowding:.2f} fitted on {name} {' '.join(sets)}", end="")
+            print(f" (contention {model.contention:.2f})")
             for label, config_name, config_sets, ranks in table:
                 step, bubbles, _ = measured(config_name, config_sets, args.steps, args.repeats, folder, ranks)
                 config = load_config(

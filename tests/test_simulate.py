@@ -19,7 +19,7 @@ from actorflow.graph.builder import is_shape_only
 from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, simulate
 from actorflow.runtime.wiring import wire
-from actorflow.simulate import CostModel, Link, calibrate, layouts, predict
+from actorflow.simulate import CostModel, Link, calibrate, fit_crowding, layouts, predict
 from actorflow.simulate.costs import CalibrationError, fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
 from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_costs
@@ -201,6 +201,50 @@ def test_calibrating_recovers_how_much_kernels_of_one_process_slow_each_other_do
         if want > 1e-5:  # a short kernel's few µs blur with its launch's
             assert got == pytest.approx(want, rel=0.03)
     assert predict(config, model, plan).step_seconds == pytest.approx(made.step_seconds, rel=0.03)
+
+
+def test_crowding_slows_acts_only_where_more_than_two_of_a_process_run_at_once():
+    def step(name: str, crowding: float, *sets: str) -> float:
+        config = load_config(f"configs/{name}.yaml", ["train.steps=2", *sets])
+        return predict(config, attrs.evolve(KNOWN, contention=0.5, crowding=crowding)).step_seconds
+
+    one = "parallel.stages=[cpu:0]"  # a compute stream and its copy stream: at most one beside
+    assert step("default", 0.0, one) == step("default", 1.0, one)
+    assert step("2x2", 0.0) < step("2x2", 0.5) < step("2x2", 1.0)  # four compute streams
+
+
+@pytest.mark.timeout(120)
+def test_fitting_crowding_on_a_run_of_four_devices_gives_it_back():
+    known = attrs.evolve(KNOWN, handover=0.0, contention=0.5, crowding=0.6)
+    config = load_config("configs/2x2.yaml", ["train.steps=4"])
+    made = predict(config, known)
+    model = fit_crowding(attrs.evolve(known, crowding=0.0), with_config(made.chrome, config), "t.json")
+    assert model.crowding == pytest.approx(0.6, abs=0.05)
+    assert attrs.evolve(model, crowding=0.0) == attrs.evolve(known, crowding=0.0)
+    assert predict(config, model).step_seconds == pytest.approx(made.step_seconds, rel=0.01)
+
+
+@pytest.mark.timeout(120)
+def test_crowding_from_the_command_line_is_fitted_saved_and_checked(capsys, tmp_path, calibration):
+    def trace(name: str) -> str:
+        config = load_config(f"configs/{name}.yaml", ["train.steps=2"])
+        known = attrs.evolve(KNOWN, contention=0.5, crowding=0.6, model={"kind": config.model.kind})
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(with_config(predict(config, known).chrome, config)))
+        return str(path)
+
+    saved = tmp_path / "cal.json"
+    args = ["simulate", "configs/2x2.yaml", "--steps", "2", "--calibrate", calibration, "--crowding"]
+    code, out, err = run_cli(capsys, *args, trace("2x2"), "--save-calibration", str(saved))
+    assert code == 0, err
+    assert CostModel.from_json(saved.read_text(), "saved").crowding > 0.3
+    for name, says in [
+        ("default", "says nothing of crowding"),
+        ("transformer", "a run of a transformer model"),
+    ]:
+        code, out, err = run_cli(capsys, *args, trace(name))
+        assert code == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1 and says in err, err
 
 
 def test_a_kernels_time_alone_is_its_span_less_what_it_lost_beside_other_threads_acts():
@@ -463,7 +507,7 @@ def test_without_calibrate_the_calibration_shipped_for_the_model_is_used(capsys,
         (["--layout", "1,1,9"], "parallel.stages"),
         (["--layouts", "7"], "--layouts: no layout of 7 devices"),
         (["--calibrate-corrupt"], "not a calibration file"),
-        (["--calibrate-negative"], "a contention or a hand-over that is negative"),
+        (["--calibrate-negative"], "a contention, crowding or hand-over that is negative"),
         (["--calibrate-unreadable"], "cannot read a calibration"),
         (["--other-model"], "fitted on a transformer model"),
     ],

@@ -14,12 +14,13 @@ With a ``Host``, the streams are threads of processes on machines, as on CPUs:
 
 - the acts running at once on a machine share its cores (each at ``cores / running`` of
   a core's speed when more run than it has);
-- while other acts of its process run, an act goes at ``1 / (1 + contention * g)`` of
-  its speed, g its share that holds the GIL (its Python part; a large matmul releases
-  it and hardly slows down). Many acts at once slow each other down as much as two:
-  that fitted the measured runs of four devices in one process better than a slowing
-  down with each act more. In a rank's process the transport thread polls beside the
-  streams all along, so an act there never runs alone;
+- while n other acts of its process run, an act goes at ``1 / (1 + contention * g *
+  n ** crowding)`` of its speed, g its share that holds the GIL (its Python part; a
+  large matmul releases it and hardly slows down). With ``crowding`` 0, many acts at
+  once slow each other down as much as two; with 1, each act more as much again (the
+  measured runs of four devices in one process lie between). In a rank's process the
+  transport thread polls beside the streams all along, so an act there never runs
+  alone;
 - a thread that was idle and is woken while another thread of its process runs acts
   back to back waits for the GIL: CPython hands it over when the running thread blocks
   (goes idle), or after a while (the switch interval at most; sooner where a kernel
@@ -56,9 +57,10 @@ class Host:
     ``machine[k]`` are stream k's process (one GIL) and machine (``cores`` cores);
     ``handover``: the longest a woken thread waits for the GIL (CPython's switch interval
     at most); ``contention``: how much an act slows down, by its share that holds the
-    GIL, while others of its process run; ``polled``: the processes where a thread of
-    their own polls beside the streams all along (a rank's transport), so that an act
-    there always runs beside another."""
+    GIL, while others of its process run, and ``crowding`` how that grows with their
+    number; ``polled``: the processes where a thread of their own polls beside the
+    streams all along (a rank's transport), so that an act there always runs beside
+    another."""
 
     process: Sequence[int]
     machine: Sequence[int]
@@ -66,6 +68,7 @@ class Host:
     handover: float = 0.005
     contention: float = 0.0
     polled: frozenset[int] = frozenset()
+    crowding: float = 0.0
 
 
 @attrs.frozen
@@ -373,11 +376,12 @@ class _Cpus:
         running = self.running[machine]
         share = min(1.0, self.host.cores / max(1, len(running)))
         process, together, contention = self.host.process, self.together, self.host.contention
-        polled = self.host.polled
+        polled, crowding = self.host.polled, self.host.crowding
         ends = []
         for k, slot in running.items():
             p = process[k]
-            slot[4] = share / (1 + contention * slot[3]) if together[p] > 1 or p in polled else share
+            others = together[p] - 1 + (p in polled)
+            slot[4] = share / (1 + contention * slot[3] * others**crowding) if others else share
             self.version += 1
             slot[2] = self.version
             ends.append((now + max(0.0, slot[1]) / slot[4], (k, self.version), (slot[0], self.version)))

@@ -3,6 +3,15 @@ fitted from a measured run (``costs``, ``predict``), and the search for the fast
 layouts (``layouts``)."""
 
 from .costs import CalibrationError, CostModel, Link
-from .predict import Prediction, calibrate, cost_model, predict
+from .predict import Prediction, calibrate, cost_model, fit_crowding, predict
 
-__all__ = ["CalibrationError", "CostModel", "Link", "Prediction", "calibrate", "cost_model", "predict"]
+__all__ = [
+    "CalibrationError",
+    "CostModel",
+    "Link",
+    "Prediction",
+    "calibrate",
+    "cost_model",
+    "fit_crowding",
+    "predict",
+]

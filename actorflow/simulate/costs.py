@@ -91,8 +91,8 @@ class CostModel:
     interval; sooner where the runner's kernels release the GIL long enough for the
     woken one to take it); ``contention``: how much an act slows down, by its share
     that holds the GIL (its launch and its calls' fixed costs), while others of its
-    process run (``runtime.virtual.Host``); ``model``: the config's
-    ``model`` section the fit was measured on."""
+    process run, and ``crowding`` how that grows with their number (``runtime.virtual.Host``);
+    ``model``: the config's ``model`` section the fit was measured on."""
 
     ops: dict[str, tuple[float, float, float]]
     overall: tuple[float, float, float]
@@ -106,6 +106,7 @@ class CostModel:
     cores: int = 2
     handover: float = 0.005
     contention: float = 0.0
+    crowding: float = 0.0
     model: dict[str, Any] = attrs.Factory(dict)
 
     def seconds(self, features: Features) -> float:
@@ -154,8 +155,8 @@ class CostModel:
                 or min(model.node.bandwidth, model.network.bandwidth, model.transport.bandwidth) <= 0
             ):
                 raise ValueError("a node of no devices, or a link of no bandwidth")
-            if not (0 <= model.contention < math.inf and 0 <= model.handover < math.inf):
-                raise ValueError("a contention or a hand-over that is negative or not finite")
+            if not all(0 <= x < math.inf for x in (model.contention, model.crowding, model.handover)):
+                raise ValueError("a contention, crowding or hand-over that is negative or not finite")
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None
         return model

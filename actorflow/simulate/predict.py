@@ -46,6 +46,8 @@ from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls,
 
 MAX_CONTENTION = 16.0
 """The most ``CostModel.contention`` a calibration gives."""
+MAX_CROWDING = 2.0
+"""The most ``CostModel.crowding`` ``fit_crowding`` gives."""
 CONTENTIONS = [k / 50 for k in range(100)] + [2 + k / 10 for k in range(round((MAX_CONTENTION - 2) * 10) + 1)]
 """The contentions ``Beside.contention`` tries: every 0.02 up to 2, every 0.1 beyond."""
 GUESSES = 4
@@ -127,7 +129,15 @@ def _clock(
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
     polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
-    host = Host(process, [node[r] for r in process], model.cores, model.handover, model.contention, polled)
+    host = Host(
+        process,
+        [node[r] for r in process],
+        model.cores,
+        model.handover,
+        model.contention,
+        polled,
+        model.crowding,
+    )
     times = unit_times(plan, wiring, model, replicas, config.parallel.tensor_parallel)
     costs = [cost for cost, _ in times]
     timing = Timing(
@@ -253,34 +263,38 @@ def spans(plan: Plan, entries: Sequence[Entry]) -> dict[str, Any]:
     return recorder.to_chrome()
 
 
-def cost_model(path: str | None, kind: str) -> CostModel:
+def cost_model(path: str | None, kind: str, crowding: str | None = None) -> CostModel:
     """The cost model in the file at ``path`` (a trace of ``actorflow run --trace``, fitted
-    here, or a saved calibration), or the one shipped for a ``kind`` model when None; a
+    here, or a saved calibration), or the one shipped for a ``kind`` model when None, its
+    ``crowding`` fitted on the trace at ``crowding`` where given (``fit_crowding``); a
     CalibrationError for a file that is neither, or of another model."""
-    if path is None:
-        return shipped(kind)
+    model = shipped(kind) if path is None else _read(path, calibrate)
+    if model.model.get("kind") != kind:
+        raise CalibrationError(
+            f"{path}: fitted on a {model.model.get('kind')} model, this config's is a {kind}: "
+            "calibrate on a run of this model"
+        )
+    if crowding is not None:
+        model = _read(crowding, lambda chrome, where: fit_crowding(model, chrome, where))
+    return model
+
+
+def _read(path: str, fitted: Any) -> CostModel:
+    """The cost model in the file at ``path``: ``fitted(trace, path)`` of a trace, else
+    the calibration saved there."""
     try:
         with open(path) as f:
             text = f.read()
         data = json.loads(text)
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{path}: cannot read a calibration: {err}") from None
-    model = (
-        calibrate(data, path)
-        if isinstance(data, dict) and "traceEvents" in data
-        else CostModel.from_json(text, path)
-    )
-    if model.model.get("kind") != kind:
-        raise CalibrationError(
-            f"{path}: fitted on a {model.model.get('kind')} model, this config's is a {kind}: "
-            "calibrate on a run of this model"
-        )
-    return model
+    if isinstance(data, dict) and "traceEvents" in data:
+        return fitted(data, path)
+    return CostModel.from_json(text, path)
 
 
-def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
-    """The cost model of the run a trace of ``actorflow run --trace`` measured (see
-    ``costs``); ``where``: the file, for errors."""
+def _measured(chrome: dict[str, Any], where: str) -> tuple[Config, Plan, Wiring, Trace]:
+    """The config, plan, wiring and parsed trace of a trace of ``actorflow run --trace``."""
     other = chrome.get("otherData", {}) if isinstance(chrome, dict) else {}
     if "config" not in other:
         raise CalibrationError(f"{where}: a trace without its config (write it with actorflow run --trace)")
@@ -288,8 +302,14 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         raise CalibrationError(f"{where}: a rank's trace; calibrate on a run of one process")
     config = parse_config(other["config"], source=where)
     plan = compile_config(config, 1, values=False)
-    wiring = wire(plan, 0, allocate=False)
-    trace = parse(chrome)
+    return config, plan, wire(plan, 0, allocate=False), parse(chrome)
+
+
+def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
+    """The cost model of the run a trace of ``actorflow run --trace`` measured (see
+    ``costs``), with no ``crowding``; ``where``: the file, for errors."""
+    config, plan, wiring, trace = _measured(chrome, where)
+    other = chrome["otherData"]
     threads = {u.name: u.stream for u in wiring.units}
     launch, hop = _host_times(trace, threads)
     kernels = Beside.of(trace, threads, launch)
@@ -323,6 +343,33 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         shares = gil_shares(plan, wiring, model)
         model = fitted(kernels.contention(shares), shares)
     return _overheads(config, plan, model, makespan, kernels.together())
+
+
+def fit_crowding(model: CostModel, chrome: dict[str, Any], where: str) -> CostModel:
+    """``model`` with the ``crowding`` (from 0 to ``MAX_CROWDING``) that makes the run a
+    trace of ``actorflow run --trace`` measured last as long on the clock as it did, by
+    bisection: a run of the same model with more than two compute streams in its process
+    (``model``'s own run tells contention, at two at most)."""
+    config, plan, wiring, trace = _measured(chrome, where)
+    if config.model.kind != model.model.get("kind"):
+        raise CalibrationError(
+            f"{where}: a run of a {config.model.kind} model, the calibration's is a {model.model.get('kind')}"
+        )
+    if sum(s.kind == "compute" for s in plan.streams) <= 2:
+        raise CalibrationError(
+            f"{where}: a run of at most two devices says nothing of crowding; fit it on one of more "
+            "(e.g. configs/2x2.yaml)"
+        )
+    makespan, _ = _runs_measured(trace, config, where)
+    wiring = wire(plan, None, allocate=False)
+    replayed = replayed_orders(plan, wiring, config.runtime.order, run_end(config, 0))
+    lo, hi = 0.0, MAX_CROWDING
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        trial = attrs.evolve(model, crowding=mid, between=0.0)
+        _, seconds, _ = _clock(config, plan, wiring, trial, replayed=replayed)
+        lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
+    return attrs.evolve(model, crowding=lo)
 
 
 def _runs_measured(trace: Trace, config: Config, where: str) -> tuple[float, float]:
