@@ -238,11 +238,13 @@ def test_crowding_from_the_command_line_is_fitted_saved_and_checked(capsys, tmp_
     code, out, err = run_cli(capsys, *args, trace("2x2"), "--save-calibration", str(saved))
     assert code == 0, err
     assert CostModel.from_json(saved.read_text(), "saved").crowding > 0.3
-    for name, says in [
-        ("default", "says nothing of crowding"),
-        ("transformer", "a run of a transformer model"),
-    ]:
-        code, out, err = run_cli(capsys, *args, trace(name))
+    wrong = [
+        (trace("default"), "says nothing of crowding"),
+        (trace("transformer"), "a run of a transformer model"),
+        (calibration, "not a trace of actorflow run --trace"),
+    ]
+    for path, says in wrong:
+        code, out, err = run_cli(capsys, *args, path)
         assert code == 2 and out == ""
         assert len(err.strip().splitlines()) == 1 and says in err, err
 

@@ -268,29 +268,33 @@ def cost_model(path: str | None, kind: str, crowding: str | None = None) -> Cost
     here, or a saved calibration), or the one shipped for a ``kind`` model when None, its
     ``crowding`` fitted on the trace at ``crowding`` where given (``fit_crowding``); a
     CalibrationError for a file that is neither, or of another model."""
-    model = shipped(kind) if path is None else _read(path, calibrate)
+    if path is None:
+        model = shipped(kind)
+    else:
+        text, trace = _read(path)
+        model = calibrate(trace, path) if trace is not None else CostModel.from_json(text, path)
     if model.model.get("kind") != kind:
         raise CalibrationError(
             f"{path}: fitted on a {model.model.get('kind')} model, this config's is a {kind}: "
             "calibrate on a run of this model"
         )
     if crowding is not None:
-        model = _read(crowding, lambda chrome, where: fit_crowding(model, chrome, where))
+        _, trace = _read(crowding)
+        if trace is None:
+            raise CalibrationError(f"{crowding}: not a trace of actorflow run --trace")
+        model = fit_crowding(model, trace, crowding)
     return model
 
 
-def _read(path: str, fitted: Any) -> CostModel:
-    """The cost model in the file at ``path``: ``fitted(trace, path)`` of a trace, else
-    the calibration saved there."""
+def _read(path: str) -> tuple[str, dict[str, Any] | None]:
+    """The text of the file at ``path``, and the Chrome trace it holds (None if none)."""
     try:
         with open(path) as f:
             text = f.read()
         data = json.loads(text)
     except (OSError, ValueError) as err:
         raise CalibrationError(f"{path}: cannot read a calibration: {err}") from None
-    if isinstance(data, dict) and "traceEvents" in data:
-        return fitted(data, path)
-    return CostModel.from_json(text, path)
+    return text, data if isinstance(data, dict) and "traceEvents" in data else None
 
 
 def _measured(chrome: dict[str, Any], where: str) -> tuple[Config, Plan, Wiring, Trace]:
