@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -354,7 +354,7 @@ def fit_crowding(model: CostModel, chrome: dict[str, Any], where: str) -> CostMo
     trace of ``actorflow run --trace`` measured last as long on the clock as it did, by
     bisection: a run of the same model with more than two compute streams in its process
     (``model``'s own run tells contention, at two at most)."""
-    config, plan, wiring, trace = _measured(chrome, where)
+    config, plan, _, trace = _measured(chrome, where)
     if config.model.kind != model.model.get("kind"):
         raise CalibrationError(
             f"{where}: a run of a {config.model.kind} model, the calibration's is a {model.model.get('kind')}"
@@ -365,15 +365,11 @@ def fit_crowding(model: CostModel, chrome: dict[str, Any], where: str) -> CostMo
             "(e.g. configs/2x2.yaml)"
         )
     makespan, _ = _runs_measured(trace, config, where)
-    wiring = wire(plan, None, allocate=False)
-    replayed = replayed_orders(plan, wiring, config.runtime.order, run_end(config, 0))
-    lo, hi = 0.0, MAX_CROWDING
-    for _ in range(20):
-        mid = (lo + hi) / 2
-        trial = attrs.evolve(model, crowding=mid, between=0.0)
-        _, seconds, _ = _clock(config, plan, wiring, trial, replayed=replayed)
-        lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-    return attrs.evolve(model, crowding=lo)
+
+    def trial(crowding: float) -> CostModel:
+        return attrs.evolve(model, crowding=crowding, between=0.0)
+
+    return attrs.evolve(model, crowding=_bisected(config, plan, trial, MAX_CROWDING, makespan))
 
 
 def _runs_measured(trace: Trace, config: Config, where: str) -> tuple[float, float]:
@@ -565,14 +561,24 @@ def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, to
             return attrs.evolve(model, contention=value, handover=0.0, between=between)
         return attrs.evolve(model, handover=value, between=between)
 
-    lo, hi = 0.0, MAX_CONTENTION if together else sys.getswitchinterval()
-    wiring = wire(plan, None, allocate=False)  # the same each step: only the trial's value changes
+    top = MAX_CONTENTION if together else sys.getswitchinterval()
+    value = _bisected(config, plan, lambda v: trial(v, 0.0), top, makespan)
+    return trial(value, max(0.0, model.between - model.launch))
+
+
+def _bisected(
+    config: Config, plan: Plan, trial: Callable[[float], CostModel], top: float, makespan: float
+) -> float:
+    """The value from 0 to ``top`` whose ``trial`` cost model makes the plan's simulated
+    step last ``makespan`` (the step grows with it), by bisection."""
+    wiring = wire(plan, None, allocate=False)  # the same each trial: only the value changes
     replayed = replayed_orders(plan, wiring, config.runtime.order, run_end(config, 0))
+    lo, hi = 0.0, top
     for _ in range(20):
         mid = (lo + hi) / 2
-        _, seconds, _ = _clock(config, plan, wiring, trial(mid, 0.0), replayed=replayed)
+        _, seconds, _ = _clock(config, plan, wiring, trial(mid), replayed=replayed)
         lo, hi = (mid, hi) if seconds < makespan else (lo, mid)
-    return trial(lo, max(0.0, model.between - model.launch))
+    return lo
 
 
 def _typical(seconds: list[float]) -> float:
