@@ -6,7 +6,7 @@ model's last); the last stage ends in the mean softmax cross-entropy. A step is 
 micro-batches of ``batch / m`` rows, each a forward and a backward that adds its weight
 and bias gradients into the step's, then SGD with momentum (v = mu v + g; w -= lr v).
 
-``rate`` runs the stages five ways, all with one BLAS thread each (as the runtime runs
+``rate`` runs the stages six ways, all with one BLAS thread each (as the runtime runs
 its devices):
 
 - ``"thread"``: one thread, every stage's step one after the other: a plain training loop;
@@ -18,7 +18,10 @@ its devices):
 - ``"threads 1f1b"``, ``"processes 1f1b"``: the bare pipeline, a thread or a process per
   stage running 1F1B: each activation and gradient copied into a slot of a ring between
   neighbours (shared memory between processes) and handed over with a semaphore, the
-  ring's slots the credits (one per micro-batch), no runtime.
+  ring's slots the credits (one per micro-batch), no runtime;
+- ``"processes 1f1b spin"``: the same over processes, each waiting for its neighbour by
+  spinning on a count in shared memory (``Spin``) rather than sleeping on a semaphore:
+  no wake-up to pay, where each process has a core of its own.
 
 samples/s = batch / the slowest stage's seconds a step (one thread: the sum of them).
 """
@@ -37,7 +40,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 WARM_STEPS = 5
-PLACEMENTS = ("thread", "threads", "processes", "threads 1f1b", "processes 1f1b")
+PLACEMENTS = ("thread", "threads", "processes", "threads 1f1b", "processes 1f1b", "processes 1f1b spin")
 
 
 class Stage:
@@ -112,6 +115,25 @@ def stages(sizes: Sequence[int], cuts: Sequence[int], rows: int) -> list[Stage]:
         out.append(Stage(sizes[start : start + layers + 1], rows, k == 0, k == len(cuts) - 1, seed=k))
         start += layers
     return out
+
+
+class Spin:
+    """A semaphore of one releaser and one acquirer, in shared memory (``counts``: a
+    RawArray of two: the releases, the acquisitions), that its acquirer waits on by
+    spinning."""
+
+    def __init__(self, counts: Any) -> None:
+        self.counts = counts
+
+    def acquire(self) -> None:
+        counts = self.counts
+        want = counts[1] + 1
+        while counts[0] < want:
+            pass
+        counts[1] = want
+
+    def release(self) -> None:
+        self.counts[0] += 1
 
 
 class Ring:
@@ -190,11 +212,14 @@ def _stage_step(
     return functools.partial(_pipelined_step, stage, order, ends)
 
 
-def _process(sizes, cuts, rows, k, micro_batches, steps, rings, barrier, results) -> None:
-    if rings is not None:  # shared memory as numpy arrays, in this process
+def _process(sizes, cuts, rows, k, micro_batches, steps, rings, spin, barrier, results) -> None:
+    if rings is not None:  # shared memory as numpy arrays (and counts as ``Spin``s), in this process
         rings = [
             [
-                ([np.frombuffer(raw, np.float32).reshape(rows, -1) for raw in raws], full, free)
+                (
+                    [np.frombuffer(raw, np.float32).reshape(rows, -1) for raw in raws],
+                    *((Spin(full), Spin(free)) if spin else (full, free)),
+                )
                 for raws, full, free in pair
             ]
             for pair in rings
@@ -210,7 +235,7 @@ def rate(
     """samples/s of the stages placed as ``placement`` says (see the module's docstring)."""
     rows, p = batch // micro_batches, len(cuts)
     boundaries = [sizes[sum(cuts[: k + 1])] for k in range(p - 1)]  # the width crossing each
-    pipelined = placement.endswith(" 1f1b")
+    pipelined, spin = " 1f1b" in placement, placement.endswith(" spin")
     if placement.startswith("processes"):
         context = multiprocessing.get_context("spawn")
         rings = None
@@ -219,8 +244,11 @@ def rate(
                 [
                     (
                         [context.RawArray("f", rows * width) for _ in range(micro_batches)],
-                        context.Semaphore(0),
-                        context.Semaphore(micro_batches),
+                        *(
+                            (context.RawArray("q", [0, 0]), context.RawArray("q", [micro_batches, 0]))
+                            if spin
+                            else (context.Semaphore(0), context.Semaphore(micro_batches))
+                        ),
                     )
                     for _ in "ab"
                 ]
@@ -230,7 +258,7 @@ def rate(
         workers = [
             context.Process(
                 target=_process,
-                args=(sizes, cuts, rows, k, micro_batches, steps, rings, together, results),
+                args=(sizes, cuts, rows, k, micro_batches, steps, rings, spin, together, results),
             )
             for k in range(p)
         ]

@@ -18,7 +18,8 @@ parameters (the compiled plan's) and the same batches (``training.data.step_feed
 (d) per m, beside them: the same model's stages as plain numpy loops (``numpy_stages``):
     on one thread; a thread, or a process, per stage, each on its own (no hand-off: the
     bound of any pipeline on that placement before its bubble); and a bare 1F1B pipeline
-    of them over threads, or processes (rings of buffers and semaphores, no runtime):
+    of them over threads, or processes (rings of buffers and semaphores, no runtime; over
+    processes also waiting by spinning on shared counts):
     what numpy's kernels reach on each placement with no runtime at all, and actorflow
     against the bare pipeline over threads (its own placement).
 
@@ -68,6 +69,7 @@ PLACEMENTS = {
     "processes": "numpy stages on a process per stage, each on its own",
     "threads 1f1b": "numpy stages in a bare 1F1B pipeline over threads",
     "processes 1f1b": "numpy stages in a bare 1F1B pipeline over processes",
+    "processes 1f1b spin": "numpy stages in a bare 1F1B pipeline over processes, spinning",
 }
 
 
