@@ -137,9 +137,9 @@ class Spin:
 
 
 class Ring:
-    """One direction between neighbouring stages: ``slots`` buffers, a semaphore of the
-    full ones and one of the free ones. The sender and the receiver each count their own
-    turns, so either end may be another process's copy of it."""
+    """One direction between neighbouring stages: its ``buffers`` (the ring's slots), a
+    semaphore of the full ones and one of the free ones. The sender and the receiver each
+    count their own turns, so either end may be another process's copy of it."""
 
     def __init__(self, buffers: list[np.ndarray], full: Any, free: Any) -> None:
         self.buffers, self.full, self.free = buffers, full, free
