@@ -22,7 +22,7 @@ from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, fit_crowding, layouts, predict
 from actorflow.simulate.costs import CalibrationError, fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
-from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_costs
+from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_times
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
@@ -40,6 +40,11 @@ KNOWN = CostModel(
     handover=3e-4,
     model={"kind": "mlp"},
 )
+
+
+def unit_costs(plan, wiring, model) -> list[float]:
+    """The seconds an act of each of ``wiring``'s units takes by ``model``."""
+    return [cost for cost, _ in unit_times(plan, wiring, model)]
 
 
 def measured_run(name: str, steps: int = STEPS, order: str = "replay") -> tuple:

@@ -187,22 +187,15 @@ def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
     return found
 
 
-def unit_costs(
-    plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1, tensor_parallel: int = 1
-) -> list[float]:
-    """Seconds an act of each unit takes: a collective's, a transfer's between ranks and
-    a copy's across nodes by the links, any other kernel by its parts' op kinds; an
-    update's, with ``replicas``, after its gradient's all-reduce over them (replica r's
-    devices follow replica 0's in each stage of ``tensor_parallel`` devices a replica,
-    as ``layouts.with_layout`` places them)."""
-    return [cost for cost, _ in unit_times(plan, wiring, model, replicas, tensor_parallel)]
-
-
 def unit_times(
     plan: Plan, wiring: Wiring, model: CostModel, replicas: int = 1, tensor_parallel: int = 1
 ) -> list[tuple[float, float]]:
-    """Per unit, ``unit_costs``' seconds and, of them, those its kernel holds the GIL
-    (``CostModel.held``; none for what the links time)."""
+    """Per unit, the seconds an act of it takes and, of them, those its kernel holds the
+    GIL (``CostModel.held``; none for what the links time). A collective's, a transfer's
+    between ranks and a copy's across nodes go by the links, any other kernel by its
+    parts' op kinds; an update's, with ``replicas``, after its gradient's all-reduce over
+    them (replica r's devices follow replica 0's in each stage of ``tensor_parallel``
+    devices a replica, as ``layouts.with_layout`` places them)."""
     place = device_places(plan)
     node = rank_nodes(plan, model)
     times = []
