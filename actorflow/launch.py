@@ -269,19 +269,22 @@ class _Ends:
     their exit statuses come from its report), and when one is killed its proxy kills the
     rest within milliseconds, all by SIGKILL. A thread finds the ranks among mpiexec's
     descendants (the topmost process with a ``PMI_RANK`` in its environment) and waits on
-    a pidfd of each (readable once the process ended, without polling), noting the order
-    they end in. Where that can't be done (no /proc, no pidfd) it names no one."""
+    a pidfd of each (readable once the process ended, without polling) in an epoll, which
+    hands over the ready ones in the order they became ready: the order the ranks ended,
+    even where several ended before the thread woke (a busy machine may not run it in
+    the milliseconds between). Where that can't be done (no /proc, no pidfd, no epoll) it
+    names no one."""
 
     def __init__(self, root: int, n: int) -> None:
         self._root, self._n = root, n
-        self._ended: list[list[int]] = []  # the ranks that ended, as each wake-up saw them
+        self._ended: list[int] = []  # the ranks that ended, in order
         self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._watch, name="actorflow-launch-ends", daemon=True)
         self._thread.start()
 
     def first(self) -> int | None:
-        """The rank that ended alone before any other, or None."""
-        return self._ended[0][0] if self._ended and len(self._ended[0]) == 1 else None
+        """The rank that ended before any other, or None."""
+        return self._ended[0] if self._ended else None
 
     def stop(self) -> None:
         os.write(self._wake_write, b"x")
@@ -290,31 +293,30 @@ class _Ends:
         os.close(self._wake_write)
 
     def _watch(self) -> None:
-        poller = select.poll()
-        poller.register(self._wake_read, select.POLLIN)
         ranks: dict[int, int] = {}  # pidfd -> rank
         found: set[int] = set()
         try:
-            while len(found) < self._n or ranks:
-                for pid, rank in self._find(found).items() if len(found) < self._n else ():
-                    found.add(rank)
-                    try:
-                        fd = os.pidfd_open(pid)
-                    except ProcessLookupError:
-                        self._ended.append([rank])
-                        continue
-                    ranks[fd] = rank
-                    poller.register(fd, select.POLLIN)
-                ready = [fd for fd, _ in poller.poll(50 if len(found) < self._n else None)]
-                if self._wake_read in ready:
-                    return
-                if ready:
-                    self._ended.append(sorted(ranks[fd] for fd in ready))
-                for fd in ready:
-                    poller.unregister(fd)
-                    del ranks[fd]
-                    os.close(fd)
-        except (OSError, AttributeError):  # no pidfd_open here: name no one
+            with select.epoll() as poller:
+                poller.register(self._wake_read, select.EPOLLIN)
+                while len(found) < self._n or ranks:
+                    for pid, rank in self._find(found).items() if len(found) < self._n else ():
+                        found.add(rank)
+                        try:
+                            fd = os.pidfd_open(pid)
+                        except ProcessLookupError:
+                            self._ended.append(rank)
+                            continue
+                        ranks[fd] = rank
+                        poller.register(fd, select.EPOLLIN)
+                    ready = [fd for fd, _ in poller.poll(0.05 if len(found) < self._n else -1)]
+                    for fd in ready:
+                        if fd in ranks:
+                            self._ended.append(ranks.pop(fd))
+                            poller.unregister(fd)
+                            os.close(fd)
+                    if self._wake_read in ready:
+                        return
+        except (OSError, AttributeError):  # no pidfd_open or epoll here: name no one
             self._ended = []
         finally:
             for fd in ranks:

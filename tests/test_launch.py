@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +191,42 @@ def test_the_rank_that_ended_first_by_a_signal_is_named_and_the_others_stopped_a
     assert launch_module._failures([("localhost", [1 << 8, 9])], None, first=0) == (
         "rank 0 exited with status 1; rank 1 was killed by SIGKILL (signal 9)"
     )
+
+
+DIES = """
+import os, signal, time
+time.sleep(max(0.0, float(os.environ["AT"]) - time.time()))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.timeout(20)
+def test_the_first_rank_to_end_is_known_even_when_the_watcher_wakes_after_both_ended():
+    """Hydra kills the survivors of a killed rank within milliseconds: on a busy machine
+    the watcher may not look in between. Here it does not: this process holds the GIL (a
+    switch interval of 10 s) while rank 1 ends, then rank 0 100 ms later, and the watcher,
+    told of a third rank that never starts, keeps looking for it every 50 ms, so it waits
+    for the GIL, out of its poll, when the two end."""
+    at = time.time() + 2.0  # both ranks started and found by the watcher well before
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", DIES], env={**os.environ, "PMI_RANK": str(r), "AT": str(at + dt)}
+        )
+        for r, dt in ((0, 0.1), (1, 0.0))
+    ]
+    ends = launch_module._Ends(os.getpid(), 3)
+    time.sleep(max(0.0, at - 0.3 - time.time()))  # the watcher finds both meanwhile
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10)
+    try:
+        while time.time() < at + 0.4:  # holding the GIL until both ended
+            pass
+    finally:
+        sys.setswitchinterval(interval)
+    for rank in ranks:
+        assert rank.wait(timeout=10) == -signal.SIGKILL
+    ends.stop()
+    assert ends.first() == 1
 
 
 @needs_mpiexec
