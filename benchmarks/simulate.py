@@ -33,7 +33,7 @@ from actorflow.simulate import calibrate, fit_crowding, predict
 from actorflow.text import columns
 from actorflow.trace.parse import parse
 from actorflow.training import train
-from actorflow.training.parameter_server import run_end
+from actorflow.training.parameter_server import run_starts
 
 MLP = [
     ("default (1f1b, m4)", "default", [], 1),
@@ -68,9 +68,7 @@ def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str, 
     """Medians over ``repeats`` runs: (step seconds, bubble per stage), and the last trace."""
     periods, bubbles, chrome = [], [], {}
     config = load_config(f"configs/{name}.yaml", [*sets, f"train.steps={steps}"])
-    runs = [0]  # the first step of each run that has a next one
-    while (end := run_end(config, runs[-1])) < steps:
-        runs.append(end)
+    runs = run_starts(config)  # a run's period: to the next one's start, by its steps
     for k in range(repeats):
         path = os.path.join(folder, f"{name}.{k}.json")
         if ranks == 1:

@@ -40,7 +40,7 @@ from ..runtime.virtual import Entry, Host, Timing, simulate
 from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
-from ..training.parameter_server import run_end
+from ..training.parameter_server import run_end, run_starts
 from ..training.runner import RunResult, compile_config, measure
 from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
 
@@ -368,12 +368,9 @@ def fit_crowding(model: CostModel, chrome: dict[str, Any], where: str) -> CostMo
 def _runs_measured(trace: Trace, config: Config, where: str) -> tuple[float, float]:
     """(the seconds a step took, the median over the trace's whole runs of their time by
     their steps; the host's time between two runs, their median gap) of a trace of
-    ``config``'s training (the file ``where``), whose runs begin where ``run_end`` says (a
-    run's steps overlap, so only a run's time tells)."""
-    starts, step = [], 0
-    while step < config.train.steps:
-        starts.append(step)
-        step = run_end(config, step)
+    ``config``'s training (the file ``where``), whose runs begin where ``run_starts`` says
+    (a run's steps overlap, so only a run's time tells)."""
+    starts = run_starts(config)
     by_step = {s.args["iteration"]: (s.start, s.end) for s in trace.spans if s.category == "step"}
     runs = [
         [by_step[k] for k in range(begin, end)]

@@ -140,6 +140,15 @@ def run_end(config: Config, step: int) -> int:
     return min(steps, step + per_run, (step // every + 1) * every)
 
 
+def run_starts(config: Config) -> list[int]:
+    """The first step of each ``Session.run`` of a training from step 0 (``run_end``)."""
+    starts, step = [], 0
+    while step < config.train.steps:
+        starts.append(step)
+        step = run_end(config, step)
+    return starts
+
+
 def staleness(values: Mapping[str, np.ndarray], dropped: int = 0) -> tuple[int, int, int]:
     """(updates, the sum of their staleness, the largest) counted by the async updates of
     the parameters in ``values`` (a rank's, ``Session.values``), since step 0 (they are
