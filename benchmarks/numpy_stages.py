@@ -212,6 +212,18 @@ def _stage_step(
     return functools.partial(_pipelined_step, stage, order, ends)
 
 
+def _rings(
+    boundaries: Sequence[int],
+    slots: int,
+    buffer: Callable[[int], Any],
+    counts: Callable[[int], tuple[Any, Any]],
+) -> list:
+    """Per boundary between stages (its width), the ``Ring`` arguments of its two
+    directions (activations, gradients): ``slots`` of ``buffer(width)``, and the
+    semaphores of the full and of the free slots, ``counts(slots)``."""
+    return [[([buffer(width) for _ in range(slots)], *counts(slots)) for _ in "ab"] for width in boundaries]
+
+
 def _process(sizes, cuts, rows, k, micro_batches, steps, rings, spin, barrier, results) -> None:
     if rings is not None:  # shared memory as numpy arrays (and counts as ``Spin``s), in this process
         rings = [
@@ -240,20 +252,15 @@ def rate(
         context = multiprocessing.get_context("spawn")
         rings = None
         if pipelined:
-            rings = [
-                [
-                    (
-                        [context.RawArray("f", rows * width) for _ in range(micro_batches)],
-                        *(
-                            (context.RawArray("q", [0, 0]), context.RawArray("q", [micro_batches, 0]))
-                            if spin
-                            else (context.Semaphore(0), context.Semaphore(micro_batches))
-                        ),
-                    )
-                    for _ in "ab"
-                ]
-                for width in boundaries
-            ]
+
+            def counts(n: int) -> tuple[Any, Any]:
+                if spin:
+                    return context.RawArray("q", [0, 0]), context.RawArray("q", [n, 0])
+                return context.Semaphore(0), context.Semaphore(n)
+
+            rings = _rings(
+                boundaries, micro_batches, lambda width: context.RawArray("f", rows * width), counts
+            )
         together, results = context.Barrier(p), context.Queue()
         workers = [
             context.Process(
@@ -286,17 +293,12 @@ def rate(
             )
         thread_rings = None
         if pipelined:
-            thread_rings = [
-                [
-                    (
-                        [np.empty((rows, width), np.float32) for _ in range(micro_batches)],
-                        threading.Semaphore(0),
-                        threading.Semaphore(micro_batches),
-                    )
-                    for _ in "ab"
-                ]
-                for width in boundaries
-            ]
+            thread_rings = _rings(
+                boundaries,
+                micro_batches,
+                lambda width: np.empty((rows, width), np.float32),
+                lambda n: (threading.Semaphore(0), threading.Semaphore(n)),
+            )
         barrier = threading.Barrier(p)
         seconds = [0.0] * p
 
