@@ -40,7 +40,15 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 WARM_STEPS = 5
-PLACEMENTS = ("thread", "threads", "processes", "threads 1f1b", "processes 1f1b", "processes 1f1b spin")
+PLACEMENTS = {
+    "thread": "numpy stages on 1 thread",
+    "threads": "numpy stages on a thread per stage, each on its own",
+    "processes": "numpy stages on a process per stage, each on its own",
+    "threads 1f1b": "numpy stages in a bare 1F1B pipeline over threads",
+    "processes 1f1b": "numpy stages in a bare 1F1B pipeline over processes",
+    "processes 1f1b spin": "numpy stages in a bare 1F1B pipeline over processes, spinning",
+}
+"""``rate``'s placements (see the module's docstring), each with what a table calls it."""
 
 
 class Stage:

@@ -63,14 +63,6 @@ from actorflow.training.data import Data, dataset, step_feeds
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 GOAL = 1e-5  # the largest loss difference allowed at any step
-PLACEMENTS = {
-    "thread": "numpy stages on 1 thread",
-    "threads": "numpy stages on a thread per stage, each on its own",
-    "processes": "numpy stages on a process per stage, each on its own",
-    "threads 1f1b": "numpy stages in a bare 1F1B pipeline over threads",
-    "processes 1f1b": "numpy stages in a bare 1F1B pipeline over processes",
-    "processes 1f1b spin": "numpy stages in a bare 1F1B pipeline over processes, spinning",
-}
 
 
 def actorflow_run(overrides: list[str]) -> tuple[float, list[float], float]:
@@ -152,7 +144,7 @@ def compare(
     data, initial = dataset(config), initial_parameters(config)
     ours: list[float] = []
     bounds: list[float] = []
-    plain: dict[str, list[float]] = {placement: [] for placement in PLACEMENTS}
+    plain: dict[str, list[float]] = {placement: [] for placement in numpy_stages.PLACEMENTS}
     theirs: dict[int, list[float]] = {1: [], 2: []}
     our_losses, their_losses = [], []
     stages = (config.model.sizes, config.stage_layers, config.train.batch_size, config.parallel.micro_batches)
@@ -234,10 +226,10 @@ def main() -> int:
         comparisons = [
             ("actorflow run", ours, torches[2]),
             ("its kernels with no time between them", bounds, torches[2]),
-            *((what, plain[placement], torches[2]) for placement, what in PLACEMENTS.items()),
+            *((what, plain[placement], torches[2]) for placement, what in numpy_stages.PLACEMENTS.items()),
             ("actorflow run", ours, torches[1]),
             ("its kernels with no time between them", bounds, torches[1]),
-            ("actorflow run", ours, (PLACEMENTS["threads 1f1b"], plain["threads 1f1b"])),
+            ("actorflow run", ours, (numpy_stages.PLACEMENTS["threads 1f1b"], plain["threads 1f1b"])),
         ]
         for what, rates, (baseline, base_rates) in comparisons:
             ratios = [a / b for a, b in zip(rates, base_rates)]
