@@ -4,7 +4,8 @@ sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midwa
 ``kernel-collective``, ``steady-collective``: the same, then an all_reduce over the two
 ranks, which rank 0, with nothing else to run, waits for inside MPI;
 ``stall``: rank 1's kernel blocks until someone writes to the named pipe given after the
-mode, and sends its result back to rank 0, which gives up after 1 s; ``pause``: as
+mode, and sends its result back to rank 0, which gives up after 1 s (the acts in the
+``order`` given after the pipe); ``pause``: as
 ``steady`` for 150 steps, with the ``lost_after`` given after the mode (seconds), so a test
 can pause a rank. Each rank prints its pid first."""
 
@@ -43,11 +44,12 @@ def main(mode: str, *args: str) -> None:
         af.output("y", af.ops.to_device(y, "cpu:0") if mode == "stall" else y)
     plan = af.compile(g, ranks=2)
     if mode == "stall" and this_rank() == 1:
-        threading.Thread(target=release_on_write, args=args, daemon=True).start()
+        threading.Thread(target=release_on_write, args=args[:1], daemon=True).start()
     print("pid", os.getpid(), flush=True)
     patience = 1.0 if mode == "stall" and this_rank() == 0 else 60.0
     lost_after = float(args[0]) if mode == "pause" else 6.0
-    with af.Session(plan, stall_timeout=patience, lost_after=lost_after) as session:
+    order = args[1] if mode == "stall" else "replay"
+    with af.Session(plan, stall_timeout=patience, lost_after=lost_after, order=order) as session:
         for step in range(150 if mode == "pause" else 2000):
             session.run({"x": np.full((4, 4), float(step))})
             if step == 2:

@@ -4,8 +4,9 @@ each to the other ranks; every rank runs it; rank 0 prints ``RESULT`` and the ou
 (what the case returned on rank 0, or the error's text).
 
 A case is (kind, *args):
-- ("graph", recipe, ranks, quota, iterations, feed seed): the recipe's graph compiled
-  with ``ranks`` as the list of devices per rank, run; the outputs;
+- ("graph", recipe, ranks, quota, iterations, feed seed, order): the recipe's graph
+  compiled with ``ranks`` as the list of devices per rank, run in that ``order``
+  (replayed or dynamic); the outputs;
 - ("train", config path, overrides): ``train`` of that config; the losses and every
   parameter, as ``test_ranks`` compares them.
 """
@@ -40,10 +41,10 @@ def next_case(comm):
     return comm.recv(source=0, tag=CASE)
 
 
-def run_graph(recipe, ranks, quota, iterations, seed):
+def run_graph(recipe, ranks, quota, iterations, seed, order):
     graph, _ = gs.build(recipe)
     plan = af.compile(graph, quota=quota, ranks=ranks)
-    return af.run(plan, gs.make_feeds(recipe, iterations, seed), stall_timeout=20)
+    return af.run(plan, gs.make_feeds(recipe, iterations, seed), stall_timeout=20, order=order)
 
 
 def run_training(config, overrides):

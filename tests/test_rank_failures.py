@@ -163,10 +163,11 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_within_5_s(mode):
 
 
 @pytest.mark.timeout(60)
-def test_a_stall_chain_follows_the_wait_across_ranks(tmp_path):
+@pytest.mark.parametrize(("order", "act"), [("replay", "act 0"), ("dynamic", "iteration 0")])
+def test_a_stall_chain_follows_the_wait_across_ranks(tmp_path, order, act):
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
-    run = Run("stall", str(fifo))
+    run = Run("stall", str(fifo), order)
     run.wait_for("wait-for chain:")
     # lets rank 1's kernel end, so the rank can stop (fails at once if nobody reads the pipe)
     os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
@@ -180,6 +181,6 @@ def test_a_stall_chain_follows_the_wait_across_ranks(tmp_path):
     # ... whose send waits on the kernel rank 1 is running
     assert lines[chain + 1] == (
         "  on rank 1: work->rank0 -> work, which waits on nothing: its stream cpu:1/compute "
-        "is running 'work' (iteration 0)"
+        f"is running 'work' ({act})"
     )
     assert_nothing_left(run)

@@ -66,9 +66,10 @@ def test_random_graphs_over_ranks_equal_one_process(pool, data):
     quota = data.draw(st.integers(1, 3), label="quota")
     iterations = data.draw(st.integers(1, 3), label="iterations")
     seed = data.draw(st.integers(0, 2**16), label="feed seed")
+    order = data.draw(st.sampled_from(["replay", "dynamic"]), label="order")
     graph, _ = gs.build(recipe)
     expected = af.run(af.compile(graph, quota=quota, ranks=1), gs.make_feeds(recipe, iterations, seed))
-    status, got = pool.run(("graph", recipe, placement, quota, iterations, seed))
+    status, got = pool.run(("graph", recipe, placement, quota, iterations, seed, order))
     assert status == "ok", got
     assert len(got) == len(expected)
     for mine, theirs in zip(got, expected):
@@ -125,6 +126,9 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
             ],
             ["train.steps=5", "parallel.schedule=zb1"],
             ["train.steps=5", "parallel.recompute=true"],
+            # the acts decided as the run goes, not replayed
+            ["train.steps=10", "runtime.order=dynamic"],
+            ["train.steps=10", *DATA_PARALLEL, "runtime.order=dynamic"],
         ],
         ids=[
             "pipeline-gpipe",
@@ -135,6 +139,8 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
             "optimizer-shard",
             "pipeline-zb1",
             "recompute",
+            "pipeline-dynamic",
+            "data-parallel-dynamic",
         ],
     )
     def test_losses_and_parameters_match(self, pair, sets):

@@ -17,12 +17,12 @@ from actorflow.config import load_config
 from actorflow.errors import CompileError
 from actorflow.graph.builder import is_shape_only
 from actorflow.runtime import Session
-from actorflow.runtime.virtual import Host, Timing, simulate
+from actorflow.runtime.virtual import Host, Timing, meets, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, fit_crowding, layouts, predict
 from actorflow.simulate.costs import CalibrationError, fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
-from actorflow.simulate.predict import Beside, gil_shares, meets, replayed_orders, step_time, unit_times
+from actorflow.simulate.predict import Beside, gil_shares, replayed_orders, step_time, unit_times
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds

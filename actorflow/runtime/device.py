@@ -34,10 +34,22 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import attrs
+
 OnDone = Callable[[Any, Any, float, float, bool], None]
 """``on_done(ctx, result or exception, start, end, ok)``: a launched kernel ended."""
 
 POLL = 0.1
+
+
+@attrs.frozen
+class WaitChain:
+    """``text``: the wait-for chain of a stalled run, for people; ``remote``: (rank, actor
+    id) where the chain's last actor waits on another rank (a send or receive in flight,
+    a collective over ranks), so the chain goes on there; None otherwise."""
+
+    text: str
+    remote: tuple[int, int] | None = None
 
 
 class Programs(Protocol):
@@ -63,7 +75,11 @@ class Programs(Protocol):
         """Instructions finished so far, over every stream (the stall watchdog's)."""
 
     def report(self) -> list[str]:
-        """What each stream does, and the wait-for chain, for a StallError."""
+        """What each stream does, for a StallError."""
+
+    def chain(self, start: int | None = None) -> WaitChain:
+        """The wait-for chain, from the first waiting stream's next act, or from the
+        next act of actor ``start`` (another rank's chain reached it)."""
 
     def threads(self) -> list[threading.Thread]:
         """The threads it started, for closing to join."""

@@ -186,7 +186,12 @@ class Runtime:
             program = schedule(plan, self.rank)
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
-            self._replay = Replay(wiring, program, self, self.recorder.enabled, gpus)
+            replay = self._replay = Replay(
+                plan, wiring, program, self, self.recorder.enabled, gpus, transport
+            )
+            if transport is not None:  # a collective over ranks waits in MPI while these are idle
+                transport.busy = replay.working
+                transport.threads = len(replay.hosts)
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None

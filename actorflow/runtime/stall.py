@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 
-import attrs
 import msgpack
 import trio
 
@@ -16,7 +15,7 @@ from ..errors import StallError
 from ..plan import Plan
 from ..plan_check import transfer_peers
 from .debug import lacking
-from .device import Programs
+from .device import Programs, WaitChain
 from .driver import Driver
 from .protocol import act_text
 from .transport import QUERY, REPLY, Transport
@@ -34,16 +33,6 @@ class _Look(Enum):
 
 
 _Step = tuple[Member, _Look]
-
-
-@attrs.frozen
-class WaitChain:
-    """``text``: the chain for people; ``remote``: (rank, actor id) where the chain's last
-    actor waits on another rank (a send or receive in flight, a collective over ranks),
-    so the chain goes on there; None otherwise."""
-
-    text: str
-    remote: tuple[int, int] | None = None
 
 
 def wait_for_chain(
@@ -281,7 +270,8 @@ class Watchdog:
             f"the run has {self.window()[1] - self.base} iterations."
         )
         if self.replay is not None:
-            return "\n".join([f"{head} Streams, replaying their order:", *self.replay.report()])
+            lines = [f"{head} Streams, replaying their order:", *self.replay.report()]
+            return "\n".join([*lines, self.chain().text])
         lines = [f"{head} Waiting actors:"]
         for member in self.members.values():
             actor, state = member.actor, member.state
@@ -312,6 +302,8 @@ class Watchdog:
         return "\n".join(lines)
 
     def chain(self, start: int | None = None) -> WaitChain:
+        if self.replay is not None:
+            return self.replay.chain(start)
         return wait_for_chain(self.plan, self.members, self.drivers, self.base, start)
 
     async def _chain_across_ranks(self) -> list[str]:

@@ -14,9 +14,10 @@ sets, says no) or has a core to spare, it polls every ``MIN_BACKOFF`` instead. I
 stay inside MPI: it would not hear of the sends a stream hands it. With nothing in
 flight there is nothing to poll: the thread sleeps until new work comes or the control
 messages' turn (every ``CONTROL_EVERY``). It also runs the rank's communication
-stream's driver between its polls (``serve``: the stream's messages come through the
-same inbox as the work, and a finished send or receive reaches the driver by a plain
-call): one thread fewer than a stream thread of its own, and two wake-ups fewer per hop
+stream between its polls (``serve``: its driver, or its replayed program,
+``replay.CommReplay``; the stream's messages come through the same inbox as the work,
+and a finished send or receive reaches it by a plain call): one thread fewer than a
+stream thread of its own, and two wake-ups fewer per hop
 between ranks (one iteration's hop went from 143-172 to 90-103 µs, ``benchmarks/ranks.py``
 (b), alternating runs).
 

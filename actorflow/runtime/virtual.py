@@ -46,6 +46,7 @@ from typing import Any
 
 import attrs
 
+from ..plan import Plan
 from .launching import LaunchQueue
 from .protocol import Act
 from .wiring import Unit, Wiring, acts_in
@@ -95,10 +96,9 @@ class Timing:
 class Entry:
     """One act of the simulation: its unit's act per member, its stream (index), its step
     and which of the unit's ``per_step`` acts a step it is (``offset``), its start and
-    end on the clock, its place in its stream's block (``replay``), and the acts it
-    waited on."""
+    end on the clock, and the acts it waited on."""
 
-    __slots__ = ("unit", "acts", "stream", "per_step", "step", "offset", "start", "end", "place", "deps")
+    __slots__ = ("unit", "acts", "stream", "per_step", "step", "offset", "start", "end", "deps")
 
     def __init__(self, unit: Unit, acts: list[Act], stream: int, per_step: int, start: float) -> None:
         self.unit = unit
@@ -108,7 +108,6 @@ class Entry:
         self.step, self.offset = divmod(acts[0].number, per_step)
         self.start = start
         self.end = start
-        self.place = -1
         self.deps: list[Entry] = []
 
     def key(self) -> tuple:
@@ -279,6 +278,19 @@ def simulate(
         if any(m.state.acts_left for m in wiring.members.values()):
             return None  # it stalls: the drivers will say where, when it does
     return ran
+
+
+def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
+    """Per send and receive unit, (from rank, to rank, tag): what its other half shares."""
+    found = {}
+    for unit in wiring.units:
+        actor = unit.actor
+        if actor.kind in ("send", "recv"):
+            here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
+            found[unit.id] = (
+                (here, peer, actor.attrs["tag"]) if actor.kind == "send" else (peer, here, actor.attrs["tag"])
+            )
+    return found
 
 
 class _Cpus:

@@ -36,7 +36,7 @@ from ..plan import Actor, Plan
 from ..runtime.replay import Program, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
-from ..runtime.virtual import Entry, Host, Timing, simulate
+from ..runtime.virtual import Entry, Host, Timing, meets, simulate
 from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
@@ -154,7 +154,7 @@ def _clock(
 def replayed_orders(plan: Plan, wiring: Wiring, order: str, steps: int) -> Replayed:
     """Per stream, the units a run of ``steps`` steps launches, where the runtime would
     replay ``plan`` (``Runtime``'s choice); and how the run orders its acts."""
-    program: Program | str = "order='dynamic' was asked for" if order == "dynamic" else schedule(plan, 0)
+    program: Program | str = "order='dynamic' was asked for" if order == "dynamic" else schedule(plan, None)
     if not isinstance(program, Program):
         return None, f"dynamic: {program}"
     orders = []
@@ -172,19 +172,6 @@ def rank_nodes(plan: Plan, model: CostModel) -> list[int]:
         rank = plan.rank_of(device)
         first[rank] = min(first[rank], k)
     return [k // model.node_size for k in first]
-
-
-def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
-    """Per send and receive unit, (from rank, to rank, tag): what its other half shares."""
-    found = {}
-    for unit in wiring.units:
-        actor = unit.actor
-        if actor.kind in ("send", "recv"):
-            here, peer = plan.rank_of(actor.device), actor.attrs["peer"]
-            found[unit.id] = (
-                (here, peer, actor.attrs["tag"]) if actor.kind == "send" else (peer, here, actor.attrs["tag"])
-            )
-    return found
 
 
 def unit_times(
