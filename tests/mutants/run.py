@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (18 of them: about 29 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (20 of them: about 32 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -60,6 +60,22 @@ MUTANTS = [
         REPLAY,
         "                    if waiting is not None and waiting[0] == me and done >= waiting[1]:",
         "                    if waiting is not None and waiting[0] == me and done > waiting[1]:",
+    ),
+    Mutant(
+        "replay-comm-waits-on-the-latest",
+        "over ranks, an act waits only on the latest of the sends and receives it needs, as if they ended in order",
+        REPLAY,
+        "                if comm[stream]:",
+        "                if False:",
+        ("tests/test_replay.py",),
+    ),
+    Mutant(
+        "replay-comm-read-when-started",
+        "over ranks, a stream takes a send or receive it waits on as ended once it started",
+        REPLAY,
+        "                        if counts[s] < need and not (s == comm and need - 1 in ended):",
+        "                        if counts[s] < need and not (s == comm and need - 1 < streams[comm].started):",
+        ("tests/test_ranks.py",),
     ),
     Mutant(
         "simulated-contention-of-all-python",
