@@ -129,7 +129,7 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     if ran is None:
         return "it can stall (its simulation did)"
     streams = ran if rank is None or plan.world == 1 else _kept(plan, wiring, ran, rank)
-    comm = [s.kind == "comm" for s in (plan.streams[w.stream.id] for w in _streams(plan, wiring, rank))]
+    comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, rank)]
     starts = []
     for entries in streams:
         per_step = len(entries) // total  # the stream's acts a step
@@ -308,7 +308,7 @@ class Replay:
             else:
                 stream = ReplayStream(self, k, s.stream.id, s.stream.name, instructions, units)
             self.streams.append(stream)
-        self.hosts = [
+        self.kernel_streams = [
             self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind in ("compute", "copy")
         ]
         """The compute and copy streams: the threads a rank's transport keeps cores for."""
@@ -344,7 +344,7 @@ class Replay:
     def working(self) -> bool:
         """Whether a compute or copy stream is running a kernel or can run its next one (a
         rank's ``Transport.busy``)."""
-        return any(not s.idle and s.waiting is None for s in self.hosts)
+        return any(not s.idle and s.waiting is None for s in self.kernel_streams)
 
     def busy(self) -> int:
         """How many streams have work in a run (each tells ``Host.stream_finished``)."""

@@ -191,7 +191,7 @@ class Runtime:
             )
             if transport is not None:  # a collective over ranks waits in MPI while these are idle
                 transport.busy = replay.working
-                transport.threads = len(replay.hosts)
+                transport.threads = len(replay.kernel_streams)
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None
