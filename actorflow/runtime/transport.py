@@ -299,7 +299,8 @@ class Transport:
         if odd:
             raise RankError(
                 f"ranks {odd} hold another plan than rank 0: every rank must build the same graph "
-                "(same parameter values too) and compile it with the same options"
+                "(same parameter values too), compile it with the same options and run it in the same "
+                "order (order=, ACTORFLOW_DEBUG=actors)"
             )
 
     def start(self) -> None:
