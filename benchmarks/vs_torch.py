@@ -15,7 +15,10 @@ parameters (the compiled plan's) and the same batches (``training.data.step_feed
     makespan), the bound no host path can pass;
 (c) the same with parallel.micro_batches=8 (PyTorch's step is the same full batch
     either way, so its figures measure the same computation again);
-(d) per m, beside them: the same model's stages as plain numpy loops (``numpy_stages``):
+(d) per m, beside them: the same run over a rank per stage (``actorflow launch -n 2 --
+    actorflow run ...``: its stages in processes of their own, MPI between them), against
+    torch and against the bare pipeline over processes; its losses count in (a);
+(e) per m, beside them: the same model's stages as plain numpy loops (``numpy_stages``):
     on one thread; a thread, or a process, per stage, each on its own (no hand-off: the
     bound of any pipeline on that placement before its bubble); and a bare 1F1B pipeline
     of them over threads, or processes (rings of buffers and semaphores, no runtime; over
@@ -33,7 +36,7 @@ from ``step_feeds``, runs forward, backward and ``optimizer.step()``, and reads 
 loss. Each figure is the median of --repeats runs, the actorflow and torch runs of a
 repeat one after the other; ratios are taken per repeat, then their median.
 
-Each repeat runs actorflow, then the numpy loops, then torch.
+Each repeat runs actorflow in one process, then over ranks, then the numpy loops, then torch.
 
 Run: python benchmarks/vs_torch.py [--repeats 3] [--steps 100] [--micro-batches 4 8] [--quick]
 (torch is a benchmark extra: pip install 'actorflow[bench]')
@@ -65,15 +68,18 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 GOAL = 1e-5  # the largest loss difference allowed at any step
 
 
-def actorflow_run(overrides: list[str]) -> tuple[float, list[float], float]:
+def actorflow_run(overrides: list[str], ranks: int = 1) -> tuple[float, list[float], float]:
     """(samples/s, loss per step, kernel-bound samples/s) of ``actorflow run`` on the
-    default config with these ``--set`` overrides, as its ``--metrics`` JSON gives them.
+    default config with these ``--set`` overrides, as its ``--metrics`` JSON gives them;
+    ``ranks`` > 1: under ``actorflow launch -n ranks`` (a process per stage).
     Kernel-bound: the samples/s of the same kernels in a pipeline with no time between
     them, m identical micro-batches flowing through stages of the measured kernel times
     (``trace.metrics.balanced_bubbles``'s makespan): what no host path can beat."""
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, "metrics.json")
         command = [sys.executable, "-m", "actorflow", "run", str(CONFIG), "--metrics", metrics]
+        if ranks > 1:
+            command = [sys.executable, "-m", "actorflow", "launch", "-n", str(ranks), "--", *command]
         for override in overrides:
             command += ["--set", override]
         done = subprocess.run(command, capture_output=True, text=True)
@@ -136,13 +142,15 @@ def loss_differences(ours: list[list[float]], theirs: list[list[float]]) -> np.n
 
 def compare(
     overrides: list[str], repeats: int
-) -> tuple[list[float], list[float], dict[str, list[float]], dict[int, list[float]], np.ndarray]:
-    """Samples/s of each repeat's actorflow run and its kernel-bound samples/s; per
-    placement, of the plain numpy stages; per thread count, of its torch runs; and
-    ``loss_differences`` over the actorflow and torch runs."""
+) -> tuple[list[float], list[float], list[float], dict[str, list[float]], dict[int, list[float]], np.ndarray]:
+    """Samples/s of each repeat's actorflow run (in one process, and over a rank per
+    stage) and its kernel-bound samples/s; per placement, of the plain numpy stages; per
+    thread count, of its torch runs; and ``loss_differences`` over the actorflow runs
+    (both) and the torch runs."""
     config = load_config(CONFIG, overrides)
     data, initial = dataset(config), initial_parameters(config)
     ours: list[float] = []
+    over_ranks: list[float] = []
     bounds: list[float] = []
     plain: dict[str, list[float]] = {placement: [] for placement in numpy_stages.PLACEMENTS}
     theirs: dict[int, list[float]] = {1: [], 2: []}
@@ -153,13 +161,16 @@ def compare(
         ours.append(rate)
         bounds.append(kernel_bound)
         our_losses.append(losses)
+        rate, losses, _ = actorflow_run(overrides, ranks=len(config.parallel.stages))
+        over_ranks.append(rate)
+        our_losses.append(losses)
         for placement, rates in plain.items():
             rates.append(numpy_stages.rate(placement, *stages, config.train.steps))
         for threads, rates in theirs.items():
             rate, losses = torch_run(config, data, initial, threads)
             rates.append(rate)
             their_losses.append(losses)
-    return ours, bounds, plain, theirs, loss_differences(our_losses, their_losses)
+    return ours, over_ranks, bounds, plain, theirs, loss_differences(our_losses, their_losses)
 
 
 def float64_differences(overrides: list[str]) -> np.ndarray:
@@ -218,7 +229,7 @@ def main() -> int:
     tenths = []
     for m in args.micro_batches:
         overrides = [f"train.steps={steps}", f"parallel.micro_batches={m}"]
-        ours, bounds, plain, theirs, diffs = compare(overrides, args.repeats)
+        ours, over_ranks, bounds, plain, theirs, diffs = compare(overrides, args.repeats)
         rows.append(loss_row(f"m = {m}: largest |loss difference|, actorflow - torch", diffs))
         torches = {
             threads: (f"torch eager on {count(threads, 'thread')}", theirs[threads]) for threads in (2, 1)
@@ -230,6 +241,12 @@ def main() -> int:
             ("actorflow run", ours, torches[1]),
             ("its kernels with no time between them", bounds, torches[1]),
             ("actorflow run", ours, (numpy_stages.PLACEMENTS["threads 1f1b"], plain["threads 1f1b"])),
+            ("actorflow run over a rank per stage", over_ranks, torches[2]),
+            (
+                "actorflow run over a rank per stage",
+                over_ranks,
+                (numpy_stages.PLACEMENTS["processes 1f1b"], plain["processes 1f1b"]),
+            ),
         ]
         for what, rates, (baseline, base_rates) in comparisons:
             ratios = [a / b for a, b in zip(rates, base_rates)]
