@@ -5,9 +5,9 @@ sleeps 20 ms on rank 1, for 2000 steps, so a test can kill or interrupt it midwa
 ranks, which rank 0, with nothing else to run, waits for inside MPI;
 ``stall``: rank 1's kernel blocks until someone writes to the named pipe given after the
 mode, and sends its result back to rank 0, which gives up after 1 s (the acts in the
-``order`` given after the pipe); ``pause``: as
-``steady`` for 150 steps, with the ``lost_after`` given after the mode (seconds), so a test
-can pause a rank. Each rank prints its pid first."""
+``order`` given after the pipe); ``pause``: as ``steady`` for 150 steps, with the
+``lost_after`` given after the mode (seconds), so a test can pause a rank. Each rank
+prints its pid first."""
 
 import os
 import sys

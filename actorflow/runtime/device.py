@@ -8,9 +8,10 @@ Two seams, one per way of ordering acts:
   on an event the other stream recorded after that instruction. The host hands over a
   run (``run(steps)``) and hears only its end, failures and, for fetches and traced
   spans, the acts that asked to be heard. ``replay.Replay`` implements it with one CPU
-  thread per stream (a rank's communication stream on its transport's thread); on a GPU the same threads launch each instruction on its CUDA
-  stream after waiting on the events it needs (``cuda.Gpus.replayed``), and the virtual
-  clock (``virtual``) runs the same programs' acts for ``actorflow simulate``.
+  thread per stream (a rank's communication stream on its transport's thread); on a
+  GPU the same threads launch each instruction on its CUDA stream after waiting on the
+  events it needs (``cuda.Gpus.replayed``), and the virtual clock (``virtual``) runs
+  the same programs' acts for ``actorflow simulate``.
 - ``Stream`` (the drivers, ``driver``): takes launched kernels and runs them one after
   another, after the events it was told to ``wait`` on; it reports each kernel's end
   through the ``on_done(ctx, result, start, end, ok)`` it was made with, counts the
