@@ -248,25 +248,3 @@ def test_an_all_reduce_over_three_ranks_in_and_out_of_place():
     status, out = ranks.python(3, ALL_REDUCE)
     assert status == 0, out
     assert all(f"ok {rank}" in out for rank in range(3)), out
-
-
-MIXED_ORDERS = """
-import numpy as np
-import actorflow as af
-from actorflow.world import this_rank
-
-with af.Graph() as g:
-    x = af.placeholder("x", (3,), "float64", "cpu:0")
-    af.output("y", af.ops.relu(af.ops.to_device(x, "cpu:1")))
-plan = af.compile(g, ranks=2)
-af.run(plan, {"x": np.ones(3)}, order="dynamic" if this_rank() == 1 else "replay")
-"""
-
-
-@pytest.mark.timeout(60)
-def test_ranks_that_would_order_their_acts_differently_stop_before_running():
-    """Replayed and dynamic ranks would issue their collectives in different orders: the
-    ranks' check of one plan covers the order too."""
-    status, out = ranks.python(2, MIXED_ORDERS)
-    assert status != 0, out
-    assert "hold another plan than rank 0" in out and "run it in the same order" in out, out

@@ -130,8 +130,7 @@ class Runtime:
             self._stack.enter_context(single_threaded_blas())
             self._token = trio.lowlevel.current_trio_token()
             if self._transport is not None:
-                order = "dynamic" if self._asked_dynamic() else "replay"
-                await self._transport.connect(_groups(self.plan), _digest(self.plan, order))
+                await self._transport.connect(_groups(self.plan), _digest(self.plan))
             watchdog = self._open()
             self._stack.enter_context(heap_frozen())
             self._stack.callback(self._stop_threads)
@@ -170,14 +169,6 @@ class Runtime:
             error = body or self._error or _only_error(group)
             raise error from error.__cause__
 
-    def _asked_dynamic(self) -> str | None:
-        """Why this Runtime decides every act as the run goes, where its caller asked so."""
-        if self.order == "dynamic":
-            return "order='dynamic' was asked for"
-        if self._actor_log is not None:
-            return "ACTORFLOW_DEBUG=actors logs every act attempt"
-        return None
-
     def _open(self) -> Watchdog:
         """Wire the plan and make a driver per stream of this rank (threads not started)."""
         plan = self.plan
@@ -187,7 +178,12 @@ class Runtime:
         wiring = self._wiring = wire(plan, self.rank, across, gpus=gpus)
         if gpus is not None:
             gpus.prepare(plan, wiring.units, traced=self._spans is not None)
-        program = self._asked_dynamic() or schedule(plan, self.rank)
+        if self.order == "dynamic":
+            program: Program | str = "order='dynamic' was asked for"
+        elif self._actor_log is not None:
+            program = "ACTORFLOW_DEBUG=actors logs every act attempt"
+        else:
+            program = schedule(plan, self.rank)
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
             replay = self._replay = Replay(
@@ -502,10 +498,9 @@ def _groups(plan: Plan) -> list[tuple[tuple, tuple[int, ...]]]:
     return list(dict.fromkeys(g for g in groups if len(g[1]) > 1))
 
 
-def _digest(plan: Plan, order: str) -> bytes:
-    """What every rank must agree on: its plan's structure and parameters' values, and
-    whether it replays (the ranks' collectives come in the replay's order or the plan's)."""
-    h = hashlib.sha256(plan.summary().encode() + order.encode())
+def _digest(plan: Plan) -> bytes:
+    """What every rank's plan must agree on: its structure and its parameters' values."""
+    h = hashlib.sha256(plan.summary().encode())
     for p in plan.parameters:
         h.update(np.ascontiguousarray(p.value).tobytes())
     return h.digest()

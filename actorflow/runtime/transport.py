@@ -299,8 +299,7 @@ class Transport:
         if odd:
             raise RankError(
                 f"ranks {odd} hold another plan than rank 0: every rank must build the same graph "
-                "(same parameter values too), compile it with the same options and run it in the same "
-                "order (order=, ACTORFLOW_DEBUG=actors)"
+                "(same parameter values too) and compile it with the same options"
             )
 
     def start(self) -> None:
