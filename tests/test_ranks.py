@@ -248,3 +248,38 @@ def test_an_all_reduce_over_three_ranks_in_and_out_of_place():
     status, out = ranks.python(3, ALL_REDUCE)
     assert status == 0, out
     assert all(f"ok {rank}" in out for rank in range(3)), out
+
+
+MIXED_ORDERS = """
+import numpy as np
+import actorflow as af
+from actorflow.world import this_rank
+
+rng = np.random.default_rng(1)
+w = [rng.standard_normal((6, 6)) * 0.3 for _ in range(3)]
+def build():
+    with af.Graph() as g:
+        x = af.placeholder("x", (8, 6), "float64", ["cpu:0", "cpu:1"], af.S(0))
+        h = x
+        for k, value in enumerate(w):
+            h = af.ops.tanh(af.ops.matmul(h, af.parameter(f"w{k}", value, ["cpu:0", "cpu:1"], af.B)))
+        loss = af.ops.mean(af.ops.mul(h, h))
+        af.minimize(loss, af.optim.SGD(lr=0.1))
+        af.output("loss", loss)
+    return g
+feeds = [{"x": rng.standard_normal((8, 6))} for _ in range(5)]
+order = "dynamic" if this_rank() == 1 else "replay"
+got = af.run(af.compile(build(), ranks=2, fusion=False), feeds, order=order)
+want = af.run(af.compile(build(), ranks=1, fusion=False), feeds)
+assert [float(o["loss"]) for o in got] == [float(o["loss"]) for o in want], (got, want)
+print("ok", this_rank())
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_replayed_rank_and_a_dynamic_one_train_together():
+    """Both orders start a collective stream's collectives in the plan's collective
+    order, and sends meet receives by tag whatever their order: ranks may mix them."""
+    status, out = ranks.python(2, MIXED_ORDERS)
+    assert status == 0, out
+    assert out.count("ok") == 2, out
