@@ -176,6 +176,8 @@ def test_a_stall_chain_follows_the_wait_across_ranks(tmp_path, order, act):
     lines = [line.removeprefix("[0] ") for line in run.output.splitlines() if line.startswith("[0]")]
     chain = lines.index(next(line for line in lines if line.startswith("wait-for chain:")))
     # rank 0 waits for the result to come back from rank 1 ...
+    if order == "replay":
+        assert any(line.startswith("  stream rank0/comm has 1 send or receive in flight") for line in lines)
     assert lines[chain].startswith("wait-for chain: y ")
     assert lines[chain].endswith("which waits on rank 1: its recv waits on 'work->rank0'")
     # ... whose send waits on the kernel rank 1 is running

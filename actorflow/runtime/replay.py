@@ -50,6 +50,7 @@ import attrs
 
 from ..plan import Plan
 from ..plan_check import transfer_peers
+from ..text import count
 from .cuda import Gpus
 from .device import WaitChain
 from .driver import Host
@@ -668,13 +669,18 @@ class CommReplay(ReplayStream):
         if head is None:
             return "is idle"
         flight = self.started - self.replay.counts[self.index] - len(self.ended)
-        text = f"has {flight} sends and receives in flight, the first {head[0].name!r} (act {head[1]})"
+        text = f"has {count(flight, 'send or receive', 'sends and receives')} in flight"
+        if flight:
+            text += f", the first {head[0].name!r} (act {head[1]})"
         if self.waiting is not None:
             unit, number = self._act(self, self.started)
-            stream, count = self.waiting
+            stream, need = self.waiting
             other = self.replay.streams[stream]
-            waited, waited_number = self._act(other, count - 1)
-            text += f"; waits to start {unit.name!r} (act {number}): on stream {other.name}, for {waited.name!r} (act {waited_number})"
+            waited, waited_number = self._act(other, need - 1)
+            text += (
+                f"; waits to start {unit.name!r} (act {number}): on stream {other.name}, "
+                f"for {waited.name!r} (act {waited_number})"
+            )
         return text
 
     def _reached(self, stream: int, need: int) -> bool:
