@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -667,6 +668,16 @@ def recipes(
     others = draw(st.lists(st.integers(0, last), max_size=2))
     r.outputs = [(f"out{j}", v) for j, v in enumerate([last, *sinks, *others])]
     return r
+
+
+@st.composite
+def placements(draw, devices: Sequence[str], world: int) -> list[list[str]]:
+    """``devices`` over ``world`` ranks (``compile``'s ``ranks``), on at least two of them
+    when there are two devices or more."""
+    owner = [draw(st.integers(0, world - 1)) for _ in devices]
+    if len(devices) > 1 and len(set(owner)) == 1:
+        owner[-1] = (owner[0] + 1) % world
+    return [[d for d, r in zip(devices, owner) if r == rank] for rank in range(world)]
 
 
 def _reads(node: tuple) -> list[int]:

@@ -37,15 +37,6 @@ def pair():
     p.close()
 
 
-@st.composite
-def placements(draw, devices: tuple[str, ...]) -> list[list[str]]:
-    """The devices over WORLD ranks, on at least two of them when there are two devices."""
-    owner = [draw(st.integers(0, WORLD - 1)) for _ in devices]
-    if len(devices) > 1 and len(set(owner)) == 1:
-        owner[-1] = (owner[0] + 1) % WORLD
-    return [[d for d, r in zip(devices, owner) if r == rank] for rank in range(WORLD)]
-
-
 @pytest.mark.timeout(240)
 @settings(
     max_examples=30,
@@ -62,7 +53,7 @@ def test_random_graphs_over_ranks_equal_one_process(pool, data):
         gs.recipes(min_devices=2, dtypes=("float64",), call_fns=("identity", "double", "add_pair")),
         label="recipe",
     )
-    placement = data.draw(placements(recipe.devices), label="ranks")
+    placement = data.draw(gs.placements(recipe.devices, WORLD), label="ranks")
     quota = data.draw(st.integers(1, 3), label="quota")
     iterations = data.draw(st.integers(1, 3), label="iterations")
     seed = data.draw(st.integers(0, 2**16), label="feed seed")
