@@ -129,18 +129,14 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
     if ran is None:
         return "it can stall (its simulation did)"
-    streams = ran if rank is None or plan.world == 1 else _kept(plan, wiring, ran, rank)
+    kept = [_kept(plan, wiring, ran, r) for r in range(plan.world)] if plan.world > 1 else []
+    # every rank checks every rank's order, so that all replay or none does
+    if any(_repeats(streams, total, period) is None for streams in [ran, *kept]):
+        return "its simulated order does not repeat"
+    streams = kept[rank] if kept and rank is not None else ran
+    starts = _repeats(streams, total, period)
+    assert starts is not None, "checked above"
     comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, rank)]
-    starts = []
-    for entries in streams:
-        per_step = len(entries) // total  # the stream's acts a step
-        size = per_step * period
-        start = (3 * period + 2) * per_step
-        for i in range(start - 2 * size, start + size):
-            here, there = entries[i], entries[i + size]
-            if here.key() != there.key() or there.step != here.step + period:
-                return "its simulated order does not repeat"
-        starts.append((start, size))
     where = {
         id(entry): (k, i - start)
         for k, (entries, (start, _)) in enumerate(zip(streams, starts))
@@ -170,6 +166,24 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
                 wakes[stream][(c - 1) % starts[stream][1]].add(k)
             waits[k].append(tuple(sorted((*need.items(), *each))))
     return Program(period, blocks, waits, [[tuple(sorted(w)) for w in block] for block in wakes])
+
+
+def _repeats(streams: list[list[Entry]], total: int, period: int) -> list[tuple[int, int]] | None:
+    """Per stream of a simulation of ``total`` steps, (its block's first act, the block's
+    acts), where its acts repeat every ``period`` steps from 2 periods before the block to
+    one after (the same units, inputs and outputs, ``period`` steps on); None if some
+    stream's don't."""
+    starts = []
+    for entries in streams:
+        per_step = len(entries) // total  # the stream's acts a step
+        size = per_step * period
+        start = (3 * period + 2) * per_step
+        for i in range(start - 2 * size, start + size):
+            here, there = entries[i], entries[i + size]
+            if here.key() != there.key() or there.step != here.step + period:
+                return None
+        starts.append((start, size))
+    return starts
 
 
 def _streams(plan: Plan, wiring: Wiring, rank: int | None) -> list[StreamWiring]:
