@@ -172,6 +172,9 @@ By default every rank runs on this machine, over loopback only:
   mpiexec -launcher fork -iface lo -host localhost -disable-auto-cleanup -n N COMMAND
 with UCX_TLS=self,sm and UCX_NET_DEVICES=lo unless they are set already.
 -disable-auto-cleanup lets the other ranks report a lost peer instead of being killed.
+Each actorflow rank binds itself to its share of the CPUs this command may use
+(ACTORFLOW_RANK_CPUS, e.g. 0;1 for 2 ranks on 2 CPUs; set it empty to leave the ranks
+unbound, or bind them yourself with --mpiexec-arg=-bind-to ...).
 Each rank's lines are prefixed with [rank]; the exit status is the worst rank's (128+N
 for one killed by signal N). Ctrl-C and SIGTERM are passed on to the ranks, and what
 is left {GRACE:g} s later (--grace) is killed. stdin goes to rank 0.

@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any, BinaryIO
 
+from .world import RANK_CPUS, cpu_shares
+
 GRACE = 10.0
 """Seconds mpiexec gets after the first forwarded signal before its tree is killed: an
 interrupted ``actorflow run`` ends after the steps in flight and then writes its report,
@@ -74,6 +76,12 @@ def mpiexec_command(
 
     Without a hostfile the ranks are forked on this machine and MPICH's UCX transport is
     kept to shared memory and ``lo``, unless the environment already sets those variables.
+    Each rank is given its share of the CPUs this process may run on (``world.RANK_CPUS``,
+    unless set already or ``extra`` binds the ranks itself), to which an actorflow rank
+    binds itself: a rank's threads that poll then take turns with its own compute
+    threads only, not with another rank's (on 2 cores, 2x2 over 4 ranks made
+    17,400-18,700 samples/s bound against 14,300-15,000 unbound, the default config
+    over 2 ranks 44,200-48,100 against 30,900-43,500, alternating).
     ``-disable-auto-cleanup`` keeps hydra from killing the other ranks when one that
     started MPI dies (it sends them SIGUSR1 instead), so they can report which peer was
     lost themselves.
@@ -85,6 +93,9 @@ def mpiexec_command(
     if hostfile is None:
         for name, value in LOOPBACK_ENV.items():
             env.setdefault(name, value)
+        if not any(arg.startswith("-bind") for arg in extra):
+            shares = cpu_shares(sorted(os.sched_getaffinity(0)), n)
+            env.setdefault(RANK_CPUS, ";".join(",".join(map(str, share)) for share in shares))
     else:
         where = ("-f", hostfile)
     argv = [

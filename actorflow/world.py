@@ -1,4 +1,5 @@
-"""Which rank this process is and how many there are, as the launcher says.
+"""Which rank this process is and how many there are, as the launcher says, and how a
+machine's devices or CPUs are shared out among ranks.
 
 A leaf module: the compiler reads it for its default number of ranks, the training run
 to let rank 0 alone report; the runtime checks it against MPI itself. Launchers name
@@ -11,6 +12,15 @@ survived a lost one regrouped (``runtime.transport.regroup``), their new numbers
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+RANK_CPUS = "ACTORFLOW_RANK_CPUS"
+"""Where ``actorflow launch`` lists each local rank's CPUs (``cpu_shares``), as
+``0,1;2,3``: rank 0's, then rank 1's...; a rank binds itself to its own when it starts
+MPI (``runtime.transport.mpi``). Empty: the ranks stay unbound."""
 
 LOST_AFTER = 6.0
 """The default silence (seconds) after which another rank counts as lost (the runtime's
@@ -56,3 +66,20 @@ def world_size() -> int:
 
 def this_rank() -> int:
     return launched()[0]
+
+
+def blocks(items: Sequence[T], n: int) -> list[list[T]]:
+    """``items``, in their order, in ``n`` contiguous blocks as even as they go (item k in
+    block ``k * n // len(items)``)."""
+    placed: list[list[T]] = [[] for _ in range(n)]
+    for k, item in enumerate(items):
+        placed[k * n // len(items)].append(item)
+    return placed
+
+
+def cpu_shares(cpus: Sequence[int], ranks: int) -> list[list[int]]:
+    """Each of ``ranks`` ranks' CPUs on one machine: ``cpus`` in contiguous blocks as even
+    as they go, or one each, in turn, where the ranks outnumber them."""
+    if ranks >= len(cpus):
+        return [[cpus[r % len(cpus)]] for r in range(ranks)]
+    return blocks(cpus, ranks)

@@ -16,6 +16,7 @@ import pytest
 
 from actorflow import launch as launch_module
 from actorflow.launch import _Demux, _HydraText, exit_status, find_mpiexec, mpiexec_command
+from actorflow.world import RANK_CPUS, cpu_shares
 from test_cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,9 +55,9 @@ def rank_script(tmp_path: Path) -> str:
     return str(path)
 
 
-def start(*argv: str) -> subprocess.Popen:
+def start(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``actorflow launch ARGV`` from this checkout, with stdout and stderr piped."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "actorflow.cli", "launch", *argv],
         cwd=REPO,
@@ -101,9 +102,70 @@ def test_the_command_keeps_to_loopback_by_default():
     assert argv[:7] == ["/bin/mpiexec", "-launcher", "fork", "-iface", "lo", "-host", "localhost"]
     assert "-disable-auto-cleanup" in argv
     assert argv[-4:] == ["-n", "2", "python3", "x.py"]
-    assert env == {"PATH": "/bin", "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo"}
+    shares = ";".join(",".join(map(str, c)) for c in cpu_shares(sorted(os.sched_getaffinity(0)), 2))
+    assert env == {"PATH": "/bin", "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", RANK_CPUS: shares}
     _, env = mpiexec_command(2, ["x"], environ={"UCX_TLS": "tcp"})
     assert env["UCX_TLS"] == "tcp" and env["UCX_NET_DEVICES"] == "lo"
+
+
+@pytest.mark.timeout(10)
+def test_local_ranks_get_their_share_of_the_cpus_unless_told_otherwise():
+    _, env = mpiexec_command(3, ["x"], environ={})
+    listed = [{int(c) for c in share.split(",")} for share in env[RANK_CPUS].split(";")]
+    cpus = os.sched_getaffinity(0)
+    assert len(listed) == 3 and set().union(*listed) == cpus
+    if len(cpus) >= 3:  # disjoint where there is a CPU for each
+        assert sum(map(len, listed)) == len(cpus)
+    assert mpiexec_command(2, ["x"], environ={RANK_CPUS: ""})[1][RANK_CPUS] == ""
+    assert RANK_CPUS not in mpiexec_command(2, ["x"], extra=["-bind-to", "core"], environ={})[1]
+
+
+@pytest.mark.timeout(10)
+def test_cpus_are_shared_out_in_even_blocks_or_in_turn():
+    assert cpu_shares([0, 1], 2) == [[0], [1]]
+    assert cpu_shares([0, 1], 4) == [[0], [1], [0], [1]]
+    assert cpu_shares(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert cpu_shares([2, 5, 7], 1) == [[2, 5, 7]]
+
+
+BINDING = """
+import os, threading
+from actorflow.runtime.transport import mpi
+before = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
+before.start()  # a thread started before MPI is bound too
+mpi()
+print("cpus", os.environ["PMI_RANK"], sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(before.native_id)))
+"""
+
+
+@needs_mpiexec
+@pytest.mark.timeout(30)
+def test_each_rank_binds_every_thread_to_its_share(tmp_path):
+    script = tmp_path / "binding.py"
+    script.write_text(BINDING)
+    proc = start("-n", "2", "--", sys.executable, str(script))
+    out, err = proc.communicate(timeout=25)
+    assert proc.returncode == 0, out + err
+    shares = cpu_shares(sorted(os.sched_getaffinity(0)), 2)
+    got = sorted(line.split(" ", 1)[1] for line in out.splitlines() if " cpus " in f" {line}")
+    assert got == [f"cpus {rank} {share} {share}" for rank, share in enumerate(shares)], out
+
+
+@needs_mpiexec
+@pytest.mark.timeout(30)
+def test_a_bad_cpu_list_stops_the_rank_with_what_to_give(tmp_path):
+    proc = start(
+        "-n",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        "from actorflow.runtime.transport import mpi; mpi()",
+        env={**os.environ, RANK_CPUS: "x;x"},  # both fail before MPI starts: none waits in its start
+    )
+    out, err = proc.communicate(timeout=25)
+    assert proc.returncode == 1, out + err
+    assert "ACTORFLOW_RANK_CPUS='x;x': rank 1 cannot bind to CPUs 'x'" in err and "0,1;2,3" in err
 
 
 @pytest.mark.timeout(10)

@@ -24,18 +24,9 @@ from ..errors import CompileError
 from ..ops import kernels
 from ..plan import Actor, Consumer, Input, Output, Plan
 from ..records import evolve
-from ..world import world_size
+from ..world import blocks, world_size
 
 Ranks = int | Sequence[str | Sequence[str]] | None
-
-
-def blocks(devices: Sequence[str], n: int) -> list[list[str]]:
-    """``devices``, in their order, in ``n`` contiguous blocks as even as they go (device k
-    in block ``k * n // len(devices)``)."""
-    placed: list[list[str]] = [[] for _ in range(n)]
-    for k, device in enumerate(devices):
-        placed[k * n // len(devices)].append(device)
-    return placed
 
 
 def place_ranks(devices: Sequence[str], ranks: Ranks) -> tuple[dict[str, int], int]:

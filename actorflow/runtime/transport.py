@@ -115,7 +115,7 @@ import numpy as np
 import trio
 
 from ..errors import RankError, RankLost
-from ..world import LOST_AFTER, renumber
+from ..world import LOST_AFTER, RANK_CPUS, launched, renumber
 from .device import OnDone
 
 MIN_BACKOFF = 20e-6
@@ -142,7 +142,10 @@ class _Work(NamedTuple):
 
 
 def mpi() -> Any:
-    """mpi4py's MPI module (initializing MPI), or a RankError saying how to install it."""
+    """mpi4py's MPI module (initializing MPI), or a RankError saying how to install it.
+    Before MPI starts, the process binds itself to its CPUs (``bind_to_share``)."""
+    if "mpi4py.MPI" not in sys.modules:
+        bind_to_share()
     try:
         from mpi4py import MPI
     except ImportError as e:
@@ -152,6 +155,30 @@ def mpi() -> Any:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     return MPI
+
+
+def bind_to_share() -> None:
+    """Bind every thread of this process to this rank's CPUs as ``actorflow launch``
+    listed them (``world.RANK_CPUS``); threads started later inherit them. Nothing where
+    the variable is unset or empty (plain ``mpiexec``, another launcher, or a user's
+    choice), or lists no CPUs for this rank."""
+    listed = os.environ.get(RANK_CPUS)
+    if not listed:
+        return
+    shares = listed.split(";")
+    rank = launched()[0]
+    if rank >= len(shares):
+        return
+    try:
+        cpus = {int(cpu) for cpu in shares[rank].split(",")}
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+    except (ValueError, OSError) as e:
+        raise RankError(
+            f"{RANK_CPUS}={listed!r}: rank {rank} cannot bind to CPUs {shares[rank]!r} ({e}); give each "
+            "rank's CPUs as 0,1;2,3 (rank 0's, then rank 1's), or set it empty to leave the ranks unbound"
+        ) from None
 
 
 _world: Any = None  # the survivors' communicator, once ``regroup`` made one

@@ -32,7 +32,6 @@ import attrs
 import numpy as np
 
 from .. import ops
-from ..compiler.ranks import blocks
 from ..config import Config, Stage
 from ..devices import device_order, parse_device
 from ..errors import ConfigError
@@ -42,6 +41,7 @@ from ..optim.optimizers import snapshot, update_as_arriving
 from ..parallel import B, GlobalTensor, gradients
 from ..plan import Plan
 from ..text import count
+from ..world import blocks
 from .optimizer import optimizer
 
 STEPS_PER_RUN = 16
