@@ -58,7 +58,7 @@ import overlap  # the other benchmarks' builders: benchmarks/ is on sys.path whe
 import pipeline
 from actorflow.runtime.transport import gather, mpi
 from actorflow.text import columns
-from actorflow.world import this_rank
+from actorflow.world import RANK_CPUS, this_rank
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "
@@ -277,8 +277,18 @@ def part_d(args) -> dict:
 def on_rank0(measure):
     """``measure()`` on rank 0 alone (a one-process plan) while the other rank sleeps in
     ``gather``'s barrier, polled with back-off, leaving the cores to rank 0; the result
-    on rank 0, None elsewhere."""
-    result = measure() if this_rank() == 0 else None
+    on rank 0, None elsewhere. Rank 0 is bound to its share of the CPUs (``actorflow
+    launch``): the threads of the one-process run may use all the launcher's."""
+    result = None
+    if this_rank() == 0:
+        own = os.sched_getaffinity(0)
+        listed = os.environ.get(RANK_CPUS, "")
+        everything = {int(cpu) for share in listed.split(";") if share for cpu in share.split(",")}
+        os.sched_setaffinity(0, everything or own)  # the run's threads inherit the calling thread's
+        try:
+            result = measure()
+        finally:
+            os.sched_setaffinity(0, own)
     gather(None)
     return result
 
