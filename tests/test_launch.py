@@ -143,7 +143,8 @@ print("cpus", os.environ["PMI_RANK"], sorted(os.sched_getaffinity(0)), sorted(os
 def test_each_rank_binds_every_thread_to_its_share(tmp_path):
     script = tmp_path / "binding.py"
     script.write_text(BINDING)
-    proc = start("-n", "2", "--", sys.executable, str(script))
+    unset = {k: v for k, v in os.environ.items() if k != RANK_CPUS}  # the launcher's default
+    proc = start("-n", "2", "--", sys.executable, str(script), env=unset)
     out, err = proc.communicate(timeout=25)
     assert proc.returncode == 0, out + err
     shares = cpu_shares(sorted(os.sched_getaffinity(0)), 2)

@@ -183,7 +183,7 @@ def test_over_ranks_a_rank_waits_on_each_act_it_needs_of_its_own_streams(config,
     assert_rank_programs_cover(plan)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_plans_over_random_ranks_wait_on_each_act_they_need(data):
     """The same over random graphs and pipelined trainings, their devices on 2 or 3 ranks."""
