@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any, BinaryIO
 
-from .world import RANK_CPUS, cpu_shares
+from .world import RANK_CPUS, cpu_shares, listed_cpus
 
 GRACE = 10.0
 """Seconds mpiexec gets after the first forwarded signal before its tree is killed: an
@@ -94,8 +94,7 @@ def mpiexec_command(
         for name, value in LOOPBACK_ENV.items():
             env.setdefault(name, value)
         if not any(arg.startswith("-bind") for arg in extra):
-            shares = cpu_shares(sorted(os.sched_getaffinity(0)), n)
-            env.setdefault(RANK_CPUS, ";".join(",".join(map(str, share)) for share in shares))
+            env.setdefault(RANK_CPUS, listed_cpus(cpu_shares(sorted(os.sched_getaffinity(0)), n)))
     else:
         where = ("-f", hostfile)
     argv = [

@@ -77,6 +77,22 @@ def blocks(items: Sequence[T], n: int) -> list[list[T]]:
     return placed
 
 
+def listed_cpus(shares: Sequence[Sequence[int]]) -> str:
+    """``shares``, each rank's CPUs, as ``RANK_CPUS`` holds them."""
+    return ";".join(",".join(map(str, share)) for share in shares)
+
+
+def shares_listed(listed: str) -> list[str]:
+    """Each rank's entry (``0,1``) in a ``RANK_CPUS`` value; none for an empty one."""
+    return listed.split(";") if listed else []
+
+
+def cpus_of(share: str) -> set[int]:
+    """The CPUs one entry of a ``RANK_CPUS`` value lists; ValueError if it lists
+    something else."""
+    return {int(cpu) for cpu in share.split(",")}
+
+
 def cpu_shares(cpus: Sequence[int], ranks: int) -> list[list[int]]:
     """Each of ``ranks`` ranks' CPUs on one machine: ``cpus`` in contiguous blocks as even
     as they go, or one each, in turn, where the ranks outnumber them."""

@@ -58,7 +58,7 @@ import overlap  # the other benchmarks' builders: benchmarks/ is on sys.path whe
 import pipeline
 from actorflow.runtime.transport import gather, mpi
 from actorflow.text import columns
-from actorflow.world import RANK_CPUS, this_rank
+from actorflow.world import RANK_CPUS, cpus_of, shares_listed, this_rank
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT = "RESULT "
@@ -282,8 +282,7 @@ def on_rank0(measure):
     result = None
     if this_rank() == 0:
         own = os.sched_getaffinity(0)
-        listed = os.environ.get(RANK_CPUS, "")
-        everything = {int(cpu) for share in listed.split(";") if share for cpu in share.split(",")}
+        everything = set().union(*map(cpus_of, shares_listed(os.environ.get(RANK_CPUS, ""))))
         os.sched_setaffinity(0, everything or own)  # the run's threads inherit the calling thread's
         try:
             result = measure()

@@ -16,7 +16,7 @@ import pytest
 
 from actorflow import launch as launch_module
 from actorflow.launch import _Demux, _HydraText, exit_status, find_mpiexec, mpiexec_command
-from actorflow.world import RANK_CPUS, cpu_shares
+from actorflow.world import RANK_CPUS, cpu_shares, cpus_of, listed_cpus, shares_listed
 from test_cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_the_command_keeps_to_loopback_by_default():
     assert argv[:7] == ["/bin/mpiexec", "-launcher", "fork", "-iface", "lo", "-host", "localhost"]
     assert "-disable-auto-cleanup" in argv
     assert argv[-4:] == ["-n", "2", "python3", "x.py"]
-    shares = ";".join(",".join(map(str, c)) for c in cpu_shares(sorted(os.sched_getaffinity(0)), 2))
+    shares = listed_cpus(cpu_shares(sorted(os.sched_getaffinity(0)), 2))
     assert env == {"PATH": "/bin", "UCX_TLS": "self,sm", "UCX_NET_DEVICES": "lo", RANK_CPUS: shares}
     _, env = mpiexec_command(2, ["x"], environ={"UCX_TLS": "tcp"})
     assert env["UCX_TLS"] == "tcp" and env["UCX_NET_DEVICES"] == "lo"
@@ -111,7 +111,7 @@ def test_the_command_keeps_to_loopback_by_default():
 @pytest.mark.timeout(10)
 def test_local_ranks_get_their_share_of_the_cpus_unless_told_otherwise():
     _, env = mpiexec_command(3, ["x"], environ={})
-    listed = [{int(c) for c in share.split(",")} for share in env[RANK_CPUS].split(";")]
+    listed = [cpus_of(share) for share in shares_listed(env[RANK_CPUS])]
     cpus = os.sched_getaffinity(0)
     assert len(listed) == 3 and set().union(*listed) == cpus
     if len(cpus) >= 3:  # disjoint where there is a CPU for each

@@ -115,7 +115,7 @@ import numpy as np
 import trio
 
 from ..errors import RankError, RankLost
-from ..world import LOST_AFTER, RANK_CPUS, launched, renumber
+from ..world import LOST_AFTER, RANK_CPUS, cpus_of, launched, renumber, shares_listed
 from .device import OnDone
 
 MIN_BACKOFF = 20e-6
@@ -162,15 +162,13 @@ def bind_to_share() -> None:
     listed them (``world.RANK_CPUS``); threads started later inherit them. Nothing where
     the variable is unset or empty (plain ``mpiexec``, another launcher, or a user's
     choice), or lists no CPUs for this rank."""
-    listed = os.environ.get(RANK_CPUS)
-    if not listed:
-        return
-    shares = listed.split(";")
+    listed = os.environ.get(RANK_CPUS, "")
+    shares = shares_listed(listed)
     rank = launched()[0]
     if rank >= len(shares):
         return
     try:
-        cpus = {int(cpu) for cpu in shares[rank].split(",")}
+        cpus = cpus_of(shares[rank])
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
                 os.sched_setaffinity(int(tid), cpus)
