@@ -131,11 +131,12 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
         return "it can stall (its simulation did)"
     kept = [_kept(plan, wiring, ran, r) for r in range(plan.world)] if plan.world > 1 else []
     # every rank checks every rank's order, so that all replay or none does
-    if any(_repeats(streams, total, period) is None for streams in [ran, *kept]):
+    orders = [ran, *kept]
+    repeats = [_repeats(streams, total, period) for streams in orders]
+    mine = 1 + rank if kept and rank is not None else 0
+    streams, starts = orders[mine], repeats[mine]
+    if starts is None or any(r is None for r in repeats):
         return "its simulated order does not repeat"
-    streams = kept[rank] if kept and rank is not None else ran
-    starts = _repeats(streams, total, period)
-    assert starts is not None, "checked above"
     comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, rank)]
     where = {
         id(entry): (k, i - start)
