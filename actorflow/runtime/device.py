@@ -37,6 +37,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from ..plan import Plan
+
 OnDone = Callable[[Any, Any, float, float, bool], None]
 """``on_done(ctx, result or exception, start, end, ok)``: a launched kernel ended."""
 
@@ -51,6 +53,13 @@ class WaitChain:
 
     text: str
     remote: tuple[int, int] | None = None
+
+    @classmethod
+    def across(cls, plan: Plan, text: str, actor: int, what: str) -> WaitChain:
+        """The chain ``text``, which goes on at the rank of ``actor``, what its last act
+        waits on there (``what``)."""
+        rank = plan.rank_of(plan.actors[actor].device)
+        return cls(f"{text}, which waits on rank {rank}: {what}", (rank, actor))
 
 
 class Programs(Protocol):

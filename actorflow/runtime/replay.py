@@ -247,10 +247,6 @@ class Replay:
         self.gpus = gpus
         self.program = program
         self.plan = plan
-        self.local = set(wiring.members)
-        """This rank's actors."""
-        self.peers = transfer_peers(plan)
-        self.participants = {a: c.actors for c in plan.collectives for a in c.actors}
         self.sizes = [len(block) for block in program.blocks]
         self.counts = [0] * len(self.sizes)
         """Per stream: instructions finished (or skipped) since the runtime opened; for a
@@ -415,13 +411,24 @@ class Replay:
                 return WaitChain(text + " (a cycle)")
             seen.add(k)
             if isinstance(stream, CommReplay) and g < stream.started:  # in flight
-                peer = self.peers[unit.actor.id]
-                return self._across(text, peer.id, f"its {unit.actor.kind} waits on {peer.name!r}")
+                peer = transfer_peers(self.plan)[unit.actor.id]
+                return WaitChain.across(
+                    self.plan, text, peer.id, f"its {unit.actor.kind} waits on {peer.name!r}"
+                )
             if stream.waiting is None:
-                elsewhere = [a for a in self.participants.get(unit.actor.id, ()) if a not in self.local]
+                here = {m.actor.id for m in unit.members}  # a collective's participants on this rank
+                elsewhere = [
+                    a
+                    for c in self.plan.collectives
+                    if unit.actor.id in c.actors
+                    for a in c.actors
+                    if a not in here
+                ]
                 if elsewhere:
                     name = self.plan.actors[elsewhere[0]].name
-                    return self._across(text, elsewhere[0], f"its collective waits on {name!r}")
+                    return WaitChain.across(
+                        self.plan, text, elsewhere[0], f"its collective waits on {name!r}"
+                    )
                 return WaitChain(
                     f"{text}, which waits on nothing: its stream {stream.name} is running "
                     f"{unit.name!r} (act {number})"
@@ -448,10 +455,6 @@ class Replay:
                 if stream.head() is not None:
                     return stream.index, self.counts[stream.index]
         return None
-
-    def _across(self, text: str, actor: int, what: str) -> WaitChain:
-        rank = self.plan.rank_of(self.plan.actors[actor].device)
-        return WaitChain(f"{text}, which waits on rank {rank}: {what}", (rank, actor))
 
 
 def _local(wiring: Wiring, entry: Entry) -> tuple[Unit, list[Act]]:

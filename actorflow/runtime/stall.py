@@ -191,9 +191,9 @@ class _Chain:
         return f", which waits on nothing: its stream {driver.name} {self._stream(driver)}"
 
     def _across(self, actor: int, what: str) -> str:
-        rank = self.plan.rank_of(self.plan.actors[actor].device)
-        self.remote = (rank, actor)
-        return f", which waits on rank {rank}: {what}"
+        end = WaitChain.across(self.plan, "", actor, what)
+        self.remote = end.remote
+        return end.text
 
     def _stream(self, driver: Driver) -> str:
         stream = driver.stream
