@@ -307,10 +307,11 @@ class _Cpus:
         self.queue: dict[int, list[int]] = defaultdict(list)  # per process, the waiting streams in order
         self.running: dict[int, dict[int, list]] = defaultdict(
             dict
-        )  # per machine: stream -> [entry, left, version, share holding the GIL, rate]
+        )  # per machine: stream -> [entry, left, share holding the GIL, rate]
         self.since: dict[int, float] = defaultdict(float)
         self.together: Counter[int] = Counter()  # per process, its acts running
         self.version = 0
+        self.next_end: dict[int, int] = {}  # per machine, the version of its one end event that counts
 
     def must_wait(self, k: int, unit: Unit) -> bool:
         """Whether idle stream k, woken with ``unit`` to launch, waits for the GIL (then
@@ -350,51 +351,55 @@ class _Cpus:
         self, entry: Entry, work: float, gil: float, now: float
     ) -> list[tuple[float, tuple[int, int], Any]]:
         """``entry`` starts ``work`` seconds of a core, a share ``gil`` of them holding
-        its process's GIL: the new ends of its machine's acts."""
+        its process's GIL: its machine's next end (``_ends``)."""
         machine = self.host.machine[entry.stream]
         self._advance(machine, now)
-        self.running[machine][entry.stream] = [entry, work, 0, gil, 0.0]
+        self.running[machine][entry.stream] = [entry, work, gil, 0.0]
         self.together[self.host.process[entry.stream]] += 1
         return self._ends(machine, now)
 
-    def ended(self, what: tuple[Entry, int], now: float) -> tuple[Entry, list] | None:
-        """An end event: None where it is stale (its machine's share changed since), else
-        the act that ended and the new ends of its machine's other acts."""
-        entry, version = what
-        machine = self.host.machine[entry.stream]
-        running = self.running[machine]
-        slot = running.get(entry.stream)
-        if slot is None or slot[2] != version:
+    def ended(self, what: tuple[int, int], now: float) -> tuple[Entry, list] | None:
+        """An end event: None where it is stale (its machine's acts changed since), else
+        the act that ended and its machine's next end."""
+        k, version = what
+        machine = self.host.machine[k]
+        if self.next_end.get(machine) != version:
             return None
         self._advance(machine, now)
-        del running[entry.stream]
-        self.together[self.host.process[entry.stream]] -= 1
+        entry = self.running[machine].pop(k)[0]
+        self.together[self.host.process[k]] -= 1
         entry.end = now
         return entry, self._ends(machine, now)
 
     def rate(self, k: int) -> float:
         """The share of a core's speed stream k's running act gets now."""
-        return self.running[self.host.machine[k]][k][4]
+        return self.running[self.host.machine[k]][k][3]
 
     def _advance(self, machine: int, now: float) -> None:
         """The running acts' work left, at the rates they ran at since the last change."""
         for slot in self.running[machine].values():
-            slot[1] -= (now - self.since[machine]) * slot[4]
+            slot[1] -= (now - self.since[machine]) * slot[3]
         self.since[machine] = now
 
     def _ends(self, machine: int, now: float) -> list[tuple[float, tuple[int, int], Any]]:
-        """Each running act's rate (the share of a core's speed it gets) and end, now that
-        they changed."""
+        """Each running act's rate (the share of a core's speed it gets), now that they
+        changed, and the machine's next end: until the next change, the one end event of
+        its acts that counts (none when nothing runs there)."""
         running = self.running[machine]
         share = min(1.0, self.host.cores / max(1, len(running)))
         process, together, contention = self.host.process, self.together, self.host.contention
         polled, crowding = self.host.polled, self.host.crowding
-        ends = []
+        first: tuple[float, int] | None = None
         for k, slot in running.items():
             p = process[k]
             others = together[p] - 1 + (p in polled)
-            slot[4] = share / (1 + contention * slot[3] * others**crowding) if others else share
-            self.version += 1
-            slot[2] = self.version
-            ends.append((now + max(0.0, slot[1]) / slot[4], (k, self.version), (slot[0], self.version)))
-        return ends
+            slot[3] = share / (1 + contention * slot[2] * others**crowding) if others else share
+            end = now + max(0.0, slot[1]) / slot[3]
+            if first is None or (end, k) < first:
+                first = (end, k)
+        self.version += 1
+        if first is None:
+            self.next_end.pop(machine, None)
+            return []
+        self.next_end[machine] = self.version
+        return [(first[0], (first[1], self.version), (first[1], self.version))]
