@@ -10,7 +10,10 @@ millions of objects, so with a large plan alive most of that time went to collec
 that found nothing: compile time grew as the square of the actors (100k actors: 25 s
 with the collector, 7 s without); opening a runtime took three times as long, a
 plan's round trip through bytes 1.6 times, and a run's report (its trace exported,
-read back and measured) 1.5 times.
+read back and measured) 1.5 times. ``actorflow simulate --layout 16,8,8`` (1024
+devices: 512k simulated acts, then their spans and report) took 50.9 s with the
+collector on, 29.9 s with it off; the replay's schedule of a 181k-act simulation 6.1-6.7
+s, 4.8-5.3 s.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import attrs
 
+from ..collector import cyclic_gc_paused
 from ..plan import Plan
 from ..plan_check import transfer_peers
 from ..text import count
@@ -103,6 +104,7 @@ class Program:
         return range(-(hi // self.period), (steps - 1 - lo) // self.period + 1)
 
 
+@cyclic_gc_paused()
 def schedule(plan: Plan, rank: int | None) -> Program | str:
     """The streams' program for ``plan`` on ``rank`` (None: every rank's streams, as
     ``actorflow simulate`` runs them), or why there is none: the plan is not

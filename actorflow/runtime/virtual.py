@@ -46,6 +46,7 @@ from typing import Any
 
 import attrs
 
+from ..collector import cyclic_gc_paused
 from ..plan import Plan
 from .launching import LaunchQueue
 from .protocol import Act
@@ -115,6 +116,7 @@ class Entry:
         return (self.unit.id, self.offset, *((tuple(a.inputs), tuple(a.outputs)) for a in self.acts))
 
 
+@cyclic_gc_paused()
 def simulate(
     wiring: Wiring,
     micro_batches: int,

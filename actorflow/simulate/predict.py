@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from ..collector import cyclic_gc_paused
 from ..config import Config, parse_config
 from ..devices import device_order
 from ..plan import Actor, Plan
@@ -64,6 +65,7 @@ class Prediction:
     step_seconds: float
 
 
+@cyclic_gc_paused()
 def predict(
     config: Config, model: CostModel, plan: Plan | None = None, ranks: int = 1, replicas: int = 1
 ) -> Prediction:
