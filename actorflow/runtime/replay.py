@@ -140,6 +140,17 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     if starts is None or any(r is None for r in repeats):
         return "its simulated order does not repeat"
     comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, rank)]
+    return _program(period, streams, starts, comm)
+
+
+def _program(
+    period: int, streams: list[list[Entry]], starts: list[tuple[int, int]], comm: list[bool]
+) -> Program | str:
+    """The program of ``streams``' simulated acts, from each one's repeating block
+    (``_repeats``' ``starts``): an act waits on the last act it needs of a stream whose
+    acts end in order, on each act it needs of a communication stream (``comm``: its
+    acts end in any order), and on none of another rank's; or why there is none (an act
+    needs one further back than the repetition was checked)."""
     where = {
         id(entry): (k, i - start)
         for k, (entries, (start, _)) in enumerate(zip(streams, starts))
