@@ -204,6 +204,25 @@ def test_random_plans_over_random_ranks_wait_on_each_act_they_need(data):
     assert_rank_programs_cover(plan)
 
 
+def test_ranks_agree_to_replay_where_one_rank_would_wait_further_back_than_checked():
+    """Hypothesis found it: rank 0's program was fine, rank 1's waited further back than
+    the repetition was checked, so rank 0 alone replayed. Every rank now checks every
+    rank's program, and the whole plan's (as ``actorflow simulate`` predicts it)."""
+    with af.Graph() as g:
+        x0 = af.placeholder("x0", shape=(2, 2), dtype="float64", device="cpu:3")
+        af.placeholder("x1", shape=(2, 2), dtype="float64", device="cpu:0")
+        _, on3 = af.ops.all_reduce([af.ops.to_device(x0, "cpu:0"), x0], op="sum")
+        h = af.ops.relu(on3)
+        af.ops.relu(h)
+        first, second = af.ops.split(h, [1, 1], axis=0)
+        af.output("out0", second)
+        af.output("out1", first)
+    plan = af.compile(g, quota=3, ranks=[["cpu:0", "cpu:1", "cpu:2"], ["cpu:3"]])
+    answers = [schedule(plan, rank) for rank in (None, 0, 1)]
+    assert len({isinstance(a, Program) for a in answers}) == 1, answers
+    assert_rank_programs_cover(plan)
+
+
 def assert_rank_programs_cover(plan: af.Plan) -> None:
     """Each rank's program waits only on its own streams, and covers every dependency the
     simulation recorded among its acts: on a stream whose acts end in order, a wait on a

@@ -131,16 +131,20 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
     if ran is None:
         return "it can stall (its simulation did)"
-    kept = [_kept(plan, wiring, ran, r) for r in range(plan.world)] if plan.world > 1 else []
-    # every rank checks every rank's order, so that all replay or none does
-    orders = [ran, *kept]
-    repeats = [_repeats(streams, total, period) for streams in orders]
-    mine = 1 + rank if kept and rank is not None else 0
-    streams, starts = orders[mine], repeats[mine]
-    if starts is None or any(r is None for r in repeats):
-        return "its simulated order does not repeat"
-    comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, rank)]
-    return _program(period, streams, starts, comm)
+    # every rank checks every rank's order and program (and the whole plan's, which
+    # actorflow simulate predicts), so that all replay or none does
+    ranks = range(plan.world) if plan.world > 1 else range(0)
+    orders = [(None, ran), *((r, _kept(plan, wiring, ran, r)) for r in ranks)]
+    programs: list[Program | str] = []
+    for r, streams in orders:
+        starts = _repeats(streams, total, period)
+        if starts is None:
+            return "its simulated order does not repeat"
+        comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, r)]
+        programs.append(_program(period, streams, starts, comm))
+    if (why := next((p for p in programs if isinstance(p, str)), None)) is not None:
+        return why
+    return programs[0 if rank is None or plan.world == 1 else 1 + rank]
 
 
 def _program(
