@@ -3,7 +3,8 @@ two GPU test files share (``launches``).
 
 The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
 collected first, so that their worker is busy with them from the start while the others
-share the rest, instead of running them alone at the end. And ``-n auto`` starts one
+share the rest, instead of running them alone at the end; then the tests marked
+``long`` (ten seconds or more), so that none of them starts last and runs alone. And ``-n auto`` starts one
 worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
 the failure tests' deadlines), so the cores are shared by the ranks and two workers.
 (The test session's objects are not frozen out of the cyclic collector here: every
@@ -18,7 +19,12 @@ import pytest
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("xdist_group") is None,
+            item.get_closest_marker("long") is None,
+        )
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

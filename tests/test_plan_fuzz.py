@@ -27,6 +27,7 @@ def test_every_flip_of_the_sealed_bytes_is_refused_at_load(plan):
     assert counts["rejected at load: digest"] > 0.95 * sum(counts.values())
 
 
+@pytest.mark.long
 def test_every_flip_of_the_resealed_payload_is_refused_or_runs_right(plan):
     counts = plan_fuzz.fuzz_payload(plan)
     print(plan_fuzz.table(counts))

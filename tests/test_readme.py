@@ -48,6 +48,7 @@ def test_yaml_block_is_the_default_config(tmp_path):
     assert load_config(shown) == load_config(ROOT / "configs" / "default.yaml")
 
 
+@pytest.mark.long
 def test_command_lines_run_in_order(tmp_path):
     assert any(c.startswith("actorflow run") for c in COMMANDS)
     shutil.copytree(ROOT / "configs", tmp_path / "configs")

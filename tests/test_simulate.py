@@ -423,6 +423,7 @@ def test_a_layout_is_one_replica_with_the_data_parallel_all_reduce_charged():
     assert predict_layout(config, slow, (2, 2, 2))[1].step_seconds > two.step_seconds + 1e-3
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("contention", [0.0, 2.0])
 def test_the_layouts_search_finds_what_predicting_every_layout_finds_and_clocks_fewer(
     monkeypatch, contention
