@@ -145,7 +145,7 @@ def _clock(
     timing = Timing(
         costs, model.launch, model.hop, model.between, host, meets(plan, wiring), _gil(times, model)
     )
-    ran = simulate(wiring, plan.micro_batches, per_run, runs, timing, orders)
+    ran = simulate(wiring, plan.micro_batches, per_run, runs, timing, orders, deps=False)
     if ran is None:
         raise CalibrationError("the plan stalls on the virtual clock (a real run would stall too)")
     entries = [e for stream in ran for e in stream]
