@@ -65,3 +65,17 @@ def test_the_runtime_never_imports_the_compiler_or_the_ops():
     assert not [
         d for deps in runtime.values() for d in deps if d.startswith(("actorflow.compiler", "actorflow.ops"))
     ]
+
+
+def test_every_mutant_still_applies():
+    """Each mutant of ``tests/mutants/run.py`` finds the line it changes, once, in its file:
+    a change to that line would otherwise leave the mutant runner failing only when run
+    (about 32 minutes), not in the suite."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mutants_run", ROOT / "tests" / "mutants" / "run.py")
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    missing = [m.name for m in run.MUTANTS if (ROOT / m.path).read_text().count(m.old) != 1]
+    assert not missing, f"mutants whose line is not in their file exactly once: {missing}"
