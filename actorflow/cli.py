@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -123,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
         type=_positive,
         metavar="N",
         help="instead, the fastest layouts on N devices (degrees, micro-batches, schedule) "
-        "that fit runtime.max_memory",
+        "that fit runtime.max_memory; a process a core simulates them",
     )
     sim.add_argument(
         "--ranks",
@@ -333,7 +334,7 @@ def _simulate(config, args) -> int:
             with replaced(args.save_calibration) as f:
                 f.write(model.to_json())
         if args.layouts:
-            found = search(config, args.layouts, model)
+            found = search(config, args.layouts, model, workers=len(os.sched_getaffinity(0)))
             if not found:
                 raise ConfigError(f"--layouts: no layout of {args.layouts} devices fits this model")
             print(f"predicted: the fastest layouts of {args.layouts} devices (data,tensor,pipeline)")

@@ -452,6 +452,17 @@ def test_the_layouts_search_finds_what_predicting_every_layout_finds_and_clocks_
     assert 4 <= len(clocked) < len(fits)  # the bound leaves out the slowest layouts unclocked
 
 
+def test_the_layouts_search_over_worker_processes_finds_what_it_finds_here():
+    """Two processes clock candidates ahead of the bound; the answer is the same."""
+    config = load_config(
+        "configs/default.yaml",
+        ["train.steps=2", "model.sizes=[1024,1024,1024,1024,10]", "runtime.max_memory=60000000"],
+    )
+    here = search(config, 8, KNOWN, keep=3)
+    assert len(here) == 3
+    assert search(config, 8, KNOWN, keep=3, workers=2) == here
+
+
 @pytest.mark.parametrize("name", ["default", "gpipe", "2x2", "transformer"])
 def test_predicted_memory_is_the_plans(name):
     config = load_config(f"configs/{name}.yaml", ["train.steps=2"])

@@ -3,6 +3,13 @@ fastest ones on N devices that fit ``runtime.max_memory``."""
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from typing import Any
+
 import attrs
 
 from ..config import Config, parse_config
@@ -118,7 +125,9 @@ def candidates(config: Config, devices: int) -> list[tuple[Config, tuple[int, in
     return found
 
 
-def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> list[Candidate]:
+def search(
+    config: Config, devices: int, model: CostModel, keep: int = 5, workers: int = 1
+) -> list[Candidate]:
     """The ``keep`` fastest of ``candidates`` by predicted step time (the earlier candidate
     first at a tie), each with its planned memory; a layout the compiler refuses (over
     ``runtime.max_memory``, or the machine's memory where it is unset) or that stalls is
@@ -134,7 +143,11 @@ def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> lis
       ``keep``-th fastest found (branch and bound);
     - each compiled (the compiler refuses a plan over ``max_memory``) and clocked without
       its trace and report, and a plan equal to one clocked before (a schedule that
-      changes nothing on one stage) not clocked again."""
+      changes nothing on one stage) not clocked again.
+
+    ``workers`` > 1: that many processes compile and clock the next candidates at once.
+    The answer is the same: a candidate clocked ahead whose bound turned out unable to
+    beat the ``keep``-th fastest is slower than it, so it falls behind."""
     limit = config.runtime.max_memory
     shares: dict[int, tuple[int, float]] = {}
     weighed = []
@@ -149,21 +162,65 @@ def search(config: Config, devices: int, model: CostModel, keep: int = 5) -> lis
         weighed.append((bound(seconds, t, p, model, run_end(replica, 0)), n, replica, layout, m, schedule))
     weighed.sort(key=lambda w: w[:2])
     found: list[tuple[float, int, Candidate]] = []
-    clocked: dict[tuple[tuple[int, int, int], bytes], float] = {}
-    for lower, n, replica, layout, m, schedule in weighed:
-        if len(found) >= keep and lower > found[keep - 1][0]:
-            break
-        try:
-            plan = compile_config(replica, layout[2], values=False)
-            key = (layout, attrs.evolve(plan, parameters=()).to_bytes())
-            if key not in clocked:
-                clocked[key] = step_time(replica, plan, model, replicas=layout[0])
-        except (ConfigError, CompileError):  # over max_memory, or a plan that stalls
-            continue
-        peak = max(plan.memory.values(), default=0)
-        found.append((clocked[key], n, Candidate(layout, m, schedule, clocked[key], peak)))
+    clocked: dict[bytes, float] = {}
+
+    def beaten(lower: float) -> bool:
+        return len(found) >= keep and lower > found[keep - 1][0]
+
+    def take(n: int, layout: tuple[int, int, int], m: int, schedule: str, answer: Future) -> None:
+        result = answer.result()
+        if result is None:  # refused
+            return
+        key, seconds, peak = result
+        seconds = clocked[key] if seconds is None else clocked.setdefault(key, seconds)
+        found.append((seconds, n, Candidate(layout, m, schedule, seconds, peak)))
         found.sort(key=lambda f: f[:2])
+
+    with _pool(workers) as pool:
+        ahead: collections.deque = collections.deque()
+        for lower, n, replica, layout, m, schedule in weighed:
+            if beaten(lower):
+                break
+            answer = pool.submit(_clock, replica, layout, model, frozenset(clocked))
+            ahead.append((n, layout, m, schedule, answer))
+            if len(ahead) >= workers:
+                take(*ahead.popleft())
+        while ahead:
+            take(*ahead.popleft())
     return [c for _, _, c in found[:keep]]
+
+
+def _clock(
+    replica: Config, layout: tuple[int, int, int], model: CostModel, known: frozenset[bytes]
+) -> tuple[bytes, float | None, int] | None:
+    """A candidate of ``search`` compiled and clocked (here or in a worker process): its
+    plan's key, its step time (None where ``known`` holds the key: an equal plan was
+    clocked before) and its most planned bytes on one device; None where the compiler
+    refuses it (over ``max_memory``) or it stalls."""
+    try:
+        plan = compile_config(replica, layout[2], values=False)
+        key = hashlib.sha256(attrs.evolve(plan, parameters=()).to_bytes()).digest()
+        seconds = None if key in known else step_time(replica, plan, model, replicas=layout[0])
+    except (ConfigError, CompileError):
+        return None
+    return key, seconds, max(plan.memory.values(), default=0)
+
+
+class _Here(Executor):
+    """Runs what it is handed at once, in this process: ``search`` with one worker."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        done: Future = Future()
+        done.set_result(fn(*args, **kwargs))
+        return done
+
+
+def _pool(workers: int) -> Executor:
+    """Where ``search`` clocks its candidates: here, or in ``workers`` processes (spawned:
+    a fork would copy the stream threads' locks of a process that ran anything)."""
+    if workers <= 1:
+        return _Here()
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def bound(work_seconds: float, tensor: int, pipeline: int, model: CostModel, steps_per_run: int) -> float:
