@@ -181,7 +181,7 @@ def search(
         for lower, n, replica, layout, m, schedule in weighed:
             if beaten(lower):
                 break
-            answer = pool.submit(_clock, replica, layout, model, frozenset(clocked))
+            answer = pool.submit(_clock_candidate, replica, layout, model, frozenset(clocked))
             ahead.append((n, layout, m, schedule, answer))
             if len(ahead) >= workers:
                 take(*ahead.popleft())
@@ -190,7 +190,7 @@ def search(
     return [c for _, _, c in found[:keep]]
 
 
-def _clock(
+def _clock_candidate(
     replica: Config, layout: tuple[int, int, int], model: CostModel, known: frozenset[bytes]
 ) -> tuple[bytes, float | None, int] | None:
     """A candidate of ``search`` compiled and clocked (here or in a worker process): its
