@@ -58,7 +58,7 @@ from .driver import Host
 from .protocol import Act
 from .transport import Transport
 from .virtual import Entry, Timing, meets, simulate
-from .wiring import StreamWiring, Unit, Wiring, acts_in, arrays, wire
+from .wiring import Member, StreamWiring, Unit, Wiring, acts_in, arrays, wire
 
 MAX_PERIOD = 16
 """Steps within which a schedule must repeat to be replayed."""
@@ -133,8 +133,8 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
         return "it can stall (its simulation did)"
     # every rank checks every rank's order and program (and the whole plan's, which
     # actorflow simulate predicts), so that all replay or none does
-    ranks = range(plan.world) if plan.world > 1 else range(0)
-    orders = [(None, ran), *((r, _kept(plan, wiring, ran, r)) for r in ranks)]
+    kept = _kept(plan, wiring, ran) if plan.world > 1 else []
+    orders = [(None, ran), *enumerate(kept)]
     programs: list[Program | str] = []
     for r, streams in orders:
         starts = _repeats(streams, total, period)
@@ -209,20 +209,25 @@ def _streams(plan: Plan, wiring: Wiring, rank: int | None) -> list[StreamWiring]
     return [s for s in wiring.streams if rank is None or plan.world == 1 or s.stream.rank == rank]
 
 
-def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]], rank: int) -> list[list[Entry]]:
-    """Per stream of ``rank``, in the order they started, the simulated acts it runs: its
-    own, and those of the collectives over ranks it takes part in (simulated as one
+def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[list[list[Entry]]]:
+    """Per rank, per stream of it, in the order they started, the simulated acts it runs:
+    its own, and those of the collectives over ranks it takes part in (simulated as one
     act, on the stream of their first participant)."""
-    index = {s.stream.id: k for k, s in enumerate(_streams(plan, wiring, rank))}
-    kept: list[list[tuple[float, int, int, Entry]]] = [[] for _ in index]
+    index = [{s.stream.id: k for k, s in enumerate(_streams(plan, wiring, r))} for r in range(plan.world)]
+    lands: dict[int, list[tuple[int, int]]] = {}  # per unit, (rank, stream) of each rank it runs on
+    for unit in wiring.units:
+        here: dict[int, list[Member]] = collections.defaultdict(list)
+        for m in unit.members:
+            here[plan.rank_of(m.actor.device)].append(m)
+        lands[unit.id] = [
+            (r, unit.stream if len(ms) == len(unit.members) else ms[0].actor.stream) for r, ms in here.items()
+        ]
+    kept: list[list[list[tuple[float, int, int, Entry]]]] = [[[] for _ in ix] for ix in index]
     for k, entries in enumerate(ran):
         for i, entry in enumerate(entries):
-            here = [m for m in entry.unit.members if plan.rank_of(m.actor.device) == rank]
-            if not here:
-                continue
-            stream = entry.unit.stream if len(here) == len(entry.unit.members) else here[0].actor.stream
-            kept[index[stream]].append((entry.start, k, i, entry))
-    return [[entry for *_, entry in sorted(acts)] for acts in kept]
+            for r, stream in lands[entry.unit.id]:
+                kept[r][index[r][stream]].append((entry.start, k, i, entry))
+    return [[[entry for *_, entry in sorted(acts)] for acts in streams] for streams in kept]
 
 
 class Special:
