@@ -42,7 +42,6 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
 
 import attrs
 
@@ -201,9 +200,14 @@ def simulate(
             heapq.heappush(events, (entry.end, 0, (k, 0), entry))
         else:
             gil = 1.0 if timing.gil is None else timing.gil[unit.id]
-            for when, order, what in cpus.run(entry, launch_s + costs[unit.id], gil, now):
-                heapq.heappush(events, (when, 0, order, what))
+            push_end(cpus.run(entry, launch_s + costs[unit.id], gil, now))
             entry.start = now + launch_s / cpus.rate(k)  # the launch, slowed as the kernel is
+
+    def push_end(next_end: NextEnd | None) -> None:
+        """Ordered among simultaneous ends by its stream."""
+        if next_end is not None:
+            when, key = next_end
+            heapq.heappush(events, (when, 0, key, key))
 
     def push(when: float, kind: int, what: object) -> None:
         nonlocal sequence
@@ -271,8 +275,7 @@ def simulate(
                     if cpus is None or not isinstance(what, tuple):
                         end(what, now)  # type: ignore[arg-type]
                     elif (done := cpus.ended(what, now)) is not None:
-                        for when, order, item in done[1]:
-                            heapq.heappush(events, (when, 0, order, item))
+                        push_end(done[1])
                         end(done[0], now)
                 elif kind == 1:
                     hear(what)  # type: ignore[arg-type]
@@ -298,6 +301,10 @@ def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
                 (here, peer, actor.attrs["tag"]) if actor.kind == "send" else (peer, here, actor.attrs["tag"])
             )
     return found
+
+
+NextEnd = tuple[float, tuple[int, int]]
+"""A machine's next end on the virtual clock: (when, (stream, version)); see ``_Cpus``."""
 
 
 class _Cpus:
@@ -354,9 +361,7 @@ class _Cpus:
         waiting = self.queue[self.host.process[k]]
         return waiting[:1]
 
-    def run(
-        self, entry: Entry, work: float, gil: float, now: float
-    ) -> list[tuple[float, tuple[int, int], Any]]:
+    def run(self, entry: Entry, work: float, gil: float, now: float) -> NextEnd | None:
         """``entry`` starts ``work`` seconds of a core, a share ``gil`` of them holding
         its process's GIL: its machine's next end (``_ends``)."""
         machine = self.host.machine[entry.stream]
@@ -365,7 +370,7 @@ class _Cpus:
         self.together[self.host.process[entry.stream]] += 1
         return self._ends(machine, now)
 
-    def ended(self, what: tuple[int, int], now: float) -> tuple[Entry, list] | None:
+    def ended(self, what: tuple[int, int], now: float) -> tuple[Entry, NextEnd | None] | None:
         """An end event: None where it is stale (its machine's acts changed since), else
         the act that ended and its machine's next end."""
         k, version = what
@@ -388,10 +393,10 @@ class _Cpus:
             slot[1] -= (now - self.since[machine]) * slot[3]
         self.since[machine] = now
 
-    def _ends(self, machine: int, now: float) -> list[tuple[float, tuple[int, int], Any]]:
+    def _ends(self, machine: int, now: float) -> NextEnd | None:
         """Each running act's rate (the share of a core's speed it gets), now that they
         changed, and the machine's next end: until the next change, the one end event of
-        its acts that counts (none when nothing runs there)."""
+        its acts that counts (None when nothing runs there)."""
         running = self.running[machine]
         share = min(1.0, self.host.cores / max(1, len(running)))
         process, together, contention = self.host.process, self.together, self.host.contention
@@ -407,6 +412,6 @@ class _Cpus:
         self.version += 1
         if first is None:
             self.next_end.pop(machine, None)
-            return []
+            return None
         self.next_end[machine] = self.version
-        return [(first[0], (first[1], self.version), (first[1], self.version))]
+        return first[0], (first[1], self.version)
