@@ -320,6 +320,20 @@ def test_stream_threads_share_the_cores_and_wait_for_the_gil():
     assert makespan(run(64, 0.0)) < makespan(run(64, 1.0)) < 0.1
 
 
+def test_a_kernel_starts_where_its_launch_ends_at_the_rates_it_got_and_runs_no_faster_than_a_core():
+    plan, wiring, orders, costs = one_step("2x2")
+    streams = len(wiring.streams)
+    launch = 20e-6  # long against the short kernels, so that rates change within launches
+    host = Host([0] * streams, [0] * streams, 2, 0.0, contention=4.0)
+    ran = simulate(wiring, plan.micro_batches, 1, 1, Timing(costs, launch, host=host), orders)
+    assert ran is not None
+    for stream in ran:
+        for before, entry in zip([None, *stream], stream):
+            launched = 0.0 if before is None else before.end
+            assert entry.start - launched >= launch * (1 - 1e-9)
+            assert entry.end - entry.start >= costs[entry.unit.id] * (1 - 1e-9)
+
+
 @pytest.mark.parametrize("handover", [0.0, 3e-4, 1.0])
 def test_each_run_starts_when_the_last_acts_ended_whatever_the_gil_waits_left_pending(handover):
     config = load_config("configs/default.yaml", ["train.steps=1"])

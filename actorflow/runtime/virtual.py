@@ -200,8 +200,7 @@ def simulate(
             heapq.heappush(events, (entry.end, 0, (k, 0), entry))
         else:
             gil = 1.0 if timing.gil is None else timing.gil[unit.id]
-            push_end(cpus.run(entry, launch_s + costs[unit.id], gil, now))
-            entry.start = now + launch_s / cpus.rate(k)  # the launch, slowed as the kernel is
+            push_end(cpus.run(entry, launch_s, costs[unit.id], gil, now))
 
     def push_end(next_end: NextEnd | None) -> None:
         """Ordered among simultaneous ends by its stream."""
@@ -321,7 +320,7 @@ class _Cpus:
         self.queue: dict[int, list[int]] = defaultdict(list)  # per process, the waiting streams in order
         self.running: dict[int, dict[int, list]] = defaultdict(
             dict
-        )  # per machine: stream -> [entry, left, share holding the GIL, rate]
+        )  # per machine: stream -> [entry, work left, share holding the GIL, rate, the kernel's work]
         self.since: dict[int, float] = defaultdict(float)
         self.together: Counter[int] = Counter()  # per process, its acts running
         self.version = 0
@@ -361,12 +360,12 @@ class _Cpus:
         waiting = self.queue[self.host.process[k]]
         return waiting[:1]
 
-    def run(self, entry: Entry, work: float, gil: float, now: float) -> NextEnd | None:
-        """``entry`` starts ``work`` seconds of a core, a share ``gil`` of them holding
-        its process's GIL: its machine's next end (``_ends``)."""
+    def run(self, entry: Entry, launch: float, kernel: float, gil: float, now: float) -> NextEnd | None:
+        """``entry`` starts ``launch`` then ``kernel`` seconds of a core, a share ``gil`` of
+        them holding its process's GIL: its machine's next end (``_ends``)."""
         machine = self.host.machine[entry.stream]
         self._advance(machine, now)
-        self.running[machine][entry.stream] = [entry, work, gil, 0.0]
+        self.running[machine][entry.stream] = [entry, launch + kernel, gil, 0.0, kernel]
         self.together[self.host.process[entry.stream]] += 1
         return self._ends(machine, now)
 
@@ -383,10 +382,6 @@ class _Cpus:
         entry.end = now
         return entry, self._ends(machine, now)
 
-    def rate(self, k: int) -> float:
-        """The share of a core's speed stream k's running act gets now."""
-        return self.running[self.host.machine[k]][k][3]
-
     def _advance(self, machine: int, now: float) -> None:
         """The running acts' work left, at the rates they ran at since the last change."""
         for slot in self.running[machine].values():
@@ -396,7 +391,8 @@ class _Cpus:
     def _ends(self, machine: int, now: float) -> NextEnd | None:
         """Each running act's rate (the share of a core's speed it gets), now that they
         changed, and the machine's next end: until the next change, the one end event of
-        its acts that counts (None when nothing runs there)."""
+        its acts that counts (None when nothing runs there). An act still in its launch
+        has its kernel's start moved to where the launch ends at the new rate."""
         running = self.running[machine]
         share = min(1.0, self.host.cores / max(1, len(running)))
         process, together, contention = self.host.process, self.together, self.host.contention
@@ -407,6 +403,8 @@ class _Cpus:
             others = together[p] - 1 + (p in polled)
             slot[3] = share / (1 + contention * slot[2] * others**crowding) if others else share
             end = now + max(0.0, slot[1]) / slot[3]
+            if slot[1] > slot[4]:
+                slot[0].start = now + (slot[1] - slot[4]) / slot[3]
             if first is None or (end, k) < first:
                 first = (end, k)
         self.version += 1
