@@ -11,6 +11,12 @@ beside the predicted one and the error; the
 measured bubble per stage (median over runs) beside the predicted one. Then the median
 and worst errors and the worst bubble difference, against the goals (5%, 10%, 0.05).
 
+The configs' runs are taken in turns (every config once, then again), so that a slow
+minute of the machine (others' load moves this one's speed by 10-20% between minutes)
+falls on every config alike, and each turn ends with a run of the calibration's own
+config: its median against the calibration run says how far the machine drifted since
+it was calibrated, an error every prediction of the table carries.
+
 Runs over ranks are measured as a user runs them (``actorflow launch -n R -- actorflow
 run ...``; rank 0's steps) and predicted with ``--ranks R``. Before the table, the
 machine's CPU pressure (``/proc/pressure/cpu``, others' load) while it was measured.
@@ -64,30 +70,26 @@ CROWDING = {"mlp": ("2x2", ["parallel.schedule=gpipe", "parallel.micro_batches=2
 crowding is fitted on (``fit_crowding``; the transformer's calibration run has four)."""
 
 
-def measured(name: str, sets: list[str], steps: int, repeats: int, folder: str, ranks: int = 1) -> tuple:
-    """Medians over ``repeats`` runs: (step seconds, bubble per stage), and the last trace."""
-    periods, bubbles, chrome = [], [], {}
+def measured(name: str, sets: list[str], steps: int, folder: str, ranks: int = 1) -> tuple:
+    """One run's (step seconds, bubble per stage, trace): the step is the median over the
+    run's ``Session.run`` periods (see the module's docstring)."""
     config = load_config(f"configs/{name}.yaml", [*sets, f"train.steps={steps}"])
     runs = run_starts(config)  # a run's period: to the next one's start, by its steps
-    for k in range(repeats):
-        path = os.path.join(folder, f"{name}.{k}.json")
-        if ranks == 1:
-            bubbles.append(train(config, trace=path).bubbles)
-        else:
-            bubbles.append(launched(name, sets, steps, ranks, path))
-        with open(path) as f:
-            chrome = json.load(f)
-        parsed = parse(chrome)
-        starts = sorted(
-            s.start
-            for s in parsed.spans
-            if s.category == "step" and (ranks == 1 or parsed.tracks[s.track].process == "rank 0")
-        )
-        periods.append(
-            statistics.median((starts[b] - starts[a]) / (b - a) for a, b in zip(runs, runs[1:])) / 1e9
-        )
-    per_stage = [statistics.median(b[s] for b in bubbles) for s in range(len(bubbles[0]))]
-    return statistics.median(periods), per_stage, chrome
+    path = os.path.join(folder, f"{name}.json")
+    if ranks == 1:
+        bubbles = train(config, trace=path).bubbles
+    else:
+        bubbles = launched(name, sets, steps, ranks, path)
+    with open(path) as f:
+        chrome = json.load(f)
+    parsed = parse(chrome)
+    starts = sorted(
+        s.start
+        for s in parsed.spans
+        if s.category == "step" and (ranks == 1 or parsed.tracks[s.track].process == "rank 0")
+    )
+    period = statistics.median((starts[b] - starts[a]) / (b - a) for a, b in zip(runs, runs[1:])) / 1e9
+    return period, bubbles, chrome
 
 
 def launched(name: str, sets: list[str], steps: int, ranks: int, trace: str) -> list[float]:
@@ -122,20 +124,33 @@ def main() -> int:
     start = pressure()
     rows = [("config", "measured ms", "predicted ms", "error", "bubble measured", "bubble predicted")]
     errors, gaps = [], []
+    drifts = []
     with tempfile.TemporaryDirectory() as folder:
         for kind, table in (("mlp", MLP), ("transformer", TRANSFORMER)):
             name, sets = CALIBRATION[kind]
-            *_, chrome = measured(name, sets, args.steps, 1, folder)
+            calibrated, _, chrome = measured(name, sets, args.steps, folder)
             model = calibrate(chrome, f"{name} {' '.join(sets)}")
             print(f"{kind}: calibrated on {name} {' '.join(sets)}", end="")
             if kind in CROWDING:
-                name, sets = CROWDING[kind]
-                *_, chrome = measured(name, sets, args.steps, 1, folder)
-                model = fit_crowding(model, chrome, f"{name} {' '.join(sets)}")
-                print(f"; crowding {model.crowding:.2f} fitted on {name} {' '.join(sets)}", end="")
+                crowd_name, crowd_sets = CROWDING[kind]
+                *_, chrome = measured(crowd_name, crowd_sets, args.steps, folder)
+                model = fit_crowding(model, chrome, f"{crowd_name} {' '.join(crowd_sets)}")
+                print(
+                    f"; crowding {model.crowding:.2f} fitted on {crowd_name} {' '.join(crowd_sets)}", end=""
+                )
             print(f" (contention {model.contention:.2f})")
+            runs: dict[str, list[tuple]] = {label: [] for label, *_ in table}
+            again = []
+            for _ in range(args.repeats):  # in turns: a slow minute of the machine falls on every config
+                for label, config_name, config_sets, ranks in table:
+                    runs[label].append(measured(config_name, config_sets, args.steps, folder, ranks)[:2])
+                again.append(measured(name, sets, args.steps, folder)[0])
+            drifts.append((kind, calibrated, statistics.median(again)))
             for label, config_name, config_sets, ranks in table:
-                step, bubbles, _ = measured(config_name, config_sets, args.steps, args.repeats, folder, ranks)
+                step = statistics.median(period for period, _ in runs[label])
+                bubbles = [
+                    statistics.median(b[s] for _, b in runs[label]) for s in range(len(runs[label][0][1]))
+                ]
                 config = load_config(
                     f"configs/{config_name}.yaml", [*config_sets, f"train.steps={args.steps}"]
                 )
@@ -159,6 +174,12 @@ def main() -> int:
         f"step time error: median {statistics.median(errors):.1%} (goal 5%), worst {max(errors):.1%} "
         f"(goal 10%); bubble: worst difference {max(gaps):.3f} (goal 0.05)"
     )
+    for kind, calibrated, again in drifts:
+        print(
+            f"{kind}: the calibration's config stepped {calibrated * 1e3:.3f} ms in the calibration run and "
+            f"{again * 1e3:.3f} ms beside the table ({again / calibrated - 1:+.1%}): the machine's drift, "
+            "which every prediction of the table carries"
+        )
     return 0
 
 
