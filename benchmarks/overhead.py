@@ -9,11 +9,11 @@
 (d) host overhead per hop: one no-op actor on each of cpu:0, cpu:1 and cpu:2, one after
     the other; a hop is a hand-off from one device to the next (two per iteration),
     replayed and dynamic, against the bare pipeline: the same hand-offs between plain
-    threads with no runtime at all (goal, #25: at most 1.5x at quota 2), and against
-    that pipeline with a thread between each two devices too: the plan's copy actor
-    runs on the next device's copy stream, so its hop is two hand-offs; a thread
-    ping-pong round trip (``queue.SimpleQueue``, two wake-ups) is printed beside, as the
-    machine's price of a wake-up that day;
+    threads with no runtime at all (goal, #25: at most 1.5x at quota 2); the plan's
+    copies run on their producers' threads (``wiring._host_moves``), so it has the bare
+    pipeline's three threads and one hand-off a hop. A thread ping-pong round trip
+    (``queue.SimpleQueue``, two wake-ups) is printed beside, as the machine's price of a
+    wake-up that day;
 (b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
     against the same chain on cpu:0 alone;
 (c) registers in flight: the most buffers any register held at once, against its quota.
@@ -167,23 +167,19 @@ def host_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tup
 
 def hop_overhead(
     devices: int, iterations: int, repeats: int, quota: int
-) -> tuple[float, float, float, float, float]:
+) -> tuple[float, float, float, float]:
     """(µs per hop replayed, dynamic, µs per ping-pong round trip, µs per hop of the bare
-    pipeline, and of the bare pipeline with a thread between devices), medians, measured
-    in turns. The plan's hop is two hand-offs: its copy actor runs on the next device's
-    copy stream, a thread of its own, and hands the copy on to that device's compute
-    stream; the second bare pipeline has a thread there too."""
+    pipeline), medians, measured in turns."""
     plan = device_chain(devices, quota)
     feeds = [{"x": np.ones(1, np.float32)}] * iterations
     hops = (devices - 1) * iterations
-    ours, dynamic, trips, bare, copied = [], [], [], [], []
+    ours, dynamic, trips, bare = [], [], [], []
     for _ in range(repeats):
         ours.append(timed_run(plan, feeds)[0] / hops * 1e6)
         dynamic.append(timed_run(plan, feeds, "dynamic")[0] / hops * 1e6)
         trips.append(ping_pong(iterations))
         bare.append(bare_pipeline(devices, iterations, quota))
-        copied.append(2 * bare_pipeline(2 * devices - 1, iterations, quota))
-    return tuple(statistics.median(v) for v in (ours, dynamic, trips, bare, copied))  # type: ignore[return-value]
+    return tuple(statistics.median(v) for v in (ours, dynamic, trips, bare))  # type: ignore[return-value]
 
 
 def fused_overhead(actors: int, iterations: int, repeats: int, quota: int) -> tuple[float, float]:
@@ -277,7 +273,7 @@ def main() -> int:
             f"{fused[0] / fused[1]:.2f}x",
         )
     )
-    for q, (us_hop, us_dynamic, us_trip, us_bare, us_copied) in hops.items():
+    for q, (us_hop, us_dynamic, us_trip, us_bare) in hops.items():
         for order, us in (("replayed", us_hop), ("dynamic", us_dynamic)):
             rows.append(
                 (
@@ -288,15 +284,6 @@ def main() -> int:
                     f"{us / us_bare:.2f}x",
                 )
             )
-        rows.append(
-            (
-                f"(d) the same, replayed, against the bare pipeline with a thread between devices "
-                f"(as the plan's copy streams), quota {q}",
-                f"{us_hop:.1f} us/hop",
-                f"{us_copied:.1f} us/hop (2 hand-offs)",
-                f"{us_hop / us_copied:.2f}x",
-            )
-        )
         rows.append(
             (
                 f"(d) a thread ping-pong round trip, beside quota {q}'s runs",
