@@ -49,7 +49,11 @@ def run_graph(recipe, ranks, quota, iterations, seed, order):
 
 def run_training(config, overrides):
     result = train(load_config(config, overrides))
-    return {"losses": np.array(result.losses), **{f"p_{k}": v for k, v in result.parameters.items()}}
+    return {
+        "losses": np.array(result.losses),
+        "bubble_steps": np.array(result.bubble_steps),  # each step once, however many ranks traced it
+        **{f"p_{k}": v for k, v in result.parameters.items()},
+    }
 
 
 CASES = {"graph": run_graph, "train": run_training}

@@ -81,7 +81,11 @@ def train_on_ranks(n: int, config: str, tmp_path, *overrides: str) -> dict[str, 
 
 def train_in_one_process(config: str, *overrides: str) -> dict[str, np.ndarray]:
     result = train(load_config(config, overrides))
-    return {"losses": np.array(result.losses), **{f"p_{k}": v for k, v in result.parameters.items()}}
+    return {
+        "losses": np.array(result.losses),
+        "bubble_steps": np.array(result.bubble_steps),  # each step once, however many ranks traced it
+        **{f"p_{k}": v for k, v in result.parameters.items()},
+    }
 
 
 def assert_same_training(got: dict, expected: dict) -> None:

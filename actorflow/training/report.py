@@ -83,7 +83,11 @@ def table(config: Config, result: RunResult) -> str:
         "between kernels (uneven stages raise it above the theory)"
     )
     if result.bubble_steps < result.steps:
-        lines.append(f"bubble measured over the last {result.bubble_steps} of {result.steps} steps")
+        lines.append(
+            f"bubbles and kernel times of {result.bubble_steps} simulated steps, which the {result.steps} repeat"
+            if result.predicted
+            else f"bubble measured over the last {result.bubble_steps} of {result.steps} steps"
+        )
     lines += [
         "",
         "memory per device: planned (every buffer of every register), held (each register's most buffers at once)",

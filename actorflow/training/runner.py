@@ -21,7 +21,7 @@ from ..runtime.transport import gather
 from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
 from ..trace.parse import parse
-from ..trace.recorder import TRACE_LIMIT, write_chrome
+from ..trace.recorder import STEP, TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
 from . import checkpoint, parameter_server, survival
 from .data import Data, Part, dataset, position, step_feeds
@@ -382,8 +382,9 @@ def measure(
     measured = iter(summary.stages)
     bubbles = [next(measured).bubble if mine else float("nan") for mine in ours]
     balanced = balanced_bubbles([b.busy_s for b in summary.stages], m) if all(ours) else []
-    other = chrome.get("otherData", {})
-    measured_steps = max(1, steps - other.get("kept_from", 0))
+    # the steps the trace holds (a long run's latest ones, a simulation's few, which the
+    # run repeats), each once however many ranks' step tracks it has
+    measured_steps = max(1, len({s.args["iteration"] for s in parsed.spans if s.category == STEP}))
     return RunResult(
         losses=losses,
         seconds=seconds,
