@@ -13,7 +13,12 @@ from actorflow.world import this_rank
 def main(config_path: str, out: str, *overrides: str) -> None:
     result = train(load_config(config_path, overrides))
     if this_rank() == 0:
-        np.savez(out, losses=np.array(result.losses), **{f"p_{k}": v for k, v in result.parameters.items()})
+        np.savez(
+            out,
+            losses=np.array(result.losses),
+            bubble_steps=np.array(result.bubble_steps),
+            **{f"p_{k}": v for k, v in result.parameters.items()},
+        )
 
 
 if __name__ == "__main__":

@@ -290,4 +290,4 @@ def test_a_trace_past_its_limit_keeps_the_last_steps_and_says_so(capsys, tmp_pat
         f"trace written to {trace} (the spans of {kept_from} iterations before {kept_from} were dropped"
         in out
     )
-    assert f"bubble measured over the last {20 - kept_from} of 20 steps" in out
+    assert f"bubble measured over steps {kept_from}-19 ({20 - kept_from} of the 20)" in out

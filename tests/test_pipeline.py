@@ -5,7 +5,6 @@ pipeline stays within its schedule's bounds."""
 import functools
 from collections import Counter
 
-import attrs
 import numpy as np
 import pytest
 
@@ -187,22 +186,44 @@ def reference_steps():
     return train(parse_config(SMALL_YAML, ["train.steps_per_run=1"]))
 
 
-def test_the_report_measures_the_latest_steps_its_spans_allow(monkeypatch):
+def test_the_report_measures_the_steps_its_spans_allow(monkeypatch):
     from actorflow.training import report, runner
 
-    config = parse_config(SMALL_YAML)
+    config = parse_config(SMALL_YAML)  # 10 steps, 4 a run: the first run is a warm-up
     whole = train(config)
-    assert whole.bubble_steps == config.train.steps
-    monkeypatch.setattr(runner, "REPORT_SPANS", 400)
+    assert (whole.bubble_from, whole.bubble_steps) == (4, 6)
+    assert "bubble measured over steps 4-9 (6 of the 10)" in report.table(config, whole)
+    # a run of no more than one Session.run measured its bubble over every step: nothing to say
+    short = parse_config(SMALL_YAML, ["train.steps=3"])
+    alone = train(short)
+    assert alone.bubble_steps == 3 and "bubble measured" not in report.table(short, alone)
+    monkeypatch.setattr(runner, "REPORT_SPANS", 100)
     windowed = train(config)
-    assert 0 < windowed.bubble_steps < config.train.steps
+    assert 0 < windowed.bubble_steps < 6 and windowed.bubble_from + windowed.bubble_steps == 10
     assert all(0.0 <= b < 1.0 for b in windowed.bubbles)
-    assert f"bubble measured over the last {windowed.bubble_steps} of 10 steps" in report.table(
-        config, windowed
-    )
     assert report.metrics(config, windowed)["bubble_steps"] == windowed.bubble_steps
+    assert report.metrics(config, windowed)["bubble_from"] == windowed.bubble_from
     assert len(windowed.losses) == config.train.steps  # every step's loss, all the same
-    # a run stopped early measured its bubble over every step it ran: nothing to say
-    asked_more = attrs.evolve(config, train=attrs.evolve(config.train, steps=1000))
-    assert "bubble measured over" not in report.table(asked_more, whole)
-    assert "bubble measured" not in report.table(config, whole)
+
+
+def test_an_untraced_run_times_only_the_report_steps_after_its_first_run(monkeypatch):
+    """Its other acts cost what an untraced run's do: their kernels are never timed or told
+    to the host (the replay skips them), yet every step's loss comes back."""
+    from actorflow.runtime.runtime import Runtime
+    from actorflow.training import runner
+
+    told: Counter[int] = Counter()
+    completed = Runtime.completed
+
+    def counted(self, unit, number, *args):
+        if unit.fetch is None:
+            actor = unit.actor
+            told[number // actor.calls * actor.every // self.plan.micro_batches] += 1
+        return completed(self, unit, number, *args)
+
+    monkeypatch.setattr(Runtime, "completed", counted)
+    config = parse_config(SMALL_YAML, ["train.steps=40"])
+    result = train(config)
+    assert sorted(told) == list(range(4 + runner.REPORT_STEPS))  # the first run, then the report's
+    assert (result.bubble_from, result.bubble_steps) == (4, runner.REPORT_STEPS)
+    assert len(result.losses) == 40 and all(np.isfinite(result.losses))

@@ -235,14 +235,15 @@ class Special:
     host (a fetch, or a traced span). Its act number in a run whose first step is
     ``first``, in block b: (first + b * period + step) * per_step + offset."""
 
-    __slots__ = ("unit", "per_step", "offset", "feed", "report", "acts")
+    __slots__ = ("unit", "per_step", "offset", "feed", "report", "fetch", "acts")
 
     def __init__(self, unit: Unit, entry: Entry, acts: list[Act], recording: bool) -> None:
         self.unit = unit
         self.per_step = entry.per_step
         self.offset = entry.offset
         self.feed = unit.feed
-        self.report = recording or unit.fetch is not None
+        self.fetch = unit.fetch is not None
+        self.report = recording or self.fetch
         self.acts = acts
 
 
@@ -264,8 +265,12 @@ class Replay:
         recording: bool,
         gpus: Gpus | None = None,
         transport: Transport | None = None,
+        traced: frozenset[int] | None = None,
     ) -> None:
         self.host = host
+        self.traced = traced
+        """Recording, the steps whose acts are timed and told to the host (None: all):
+        the others' cost nothing more than an untraced run's."""
         self.gpus = gpus
         self.program = program
         self.plan = plan
@@ -571,6 +576,7 @@ class ReplayStream:
         host, sizes, me, period = replay.host, replay.sizes, self.index, replay.program.period
         comm = replay.comm
         ended = replay.ended
+        traced = replay.traced
         steps, bases, starts = run.steps, run.bases, run.starts
         clock = time.perf_counter
         done = counts[me]
@@ -599,7 +605,9 @@ class ReplayStream:
                     else:
                         number = (run.first + shift + step) * special.per_step + special.offset
                         args = ins if special.feed is None else [*ins, host.feed_value(special.feed, number)]
-                        if special.report:
+                        if special.report and (
+                            special.fetch or traced is None or run.first + shift + step in traced
+                        ):
                             start = clock()
                             result = kernel(args, outs)
                             host.completed(special.unit, number, result, start, clock(), special.acts)

@@ -187,7 +187,7 @@ class Runtime:
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
             replay = self._replay = Replay(
-                plan, wiring, program, self, self.recorder.enabled, gpus, transport
+                plan, wiring, program, self, self.recorder.enabled, gpus, transport, self.recorder.iterations
             )
             if transport is not None:  # a collective over ranks waits in MPI while these are idle
                 transport.busy = replay.working

@@ -155,6 +155,13 @@ class Recorder:
             while self.limit is not None and self._held > self.limit:
                 self._drop_oldest()
 
+    def drop_before(self, iteration: int) -> None:
+        """Drop the spans of the iterations before ``iteration`` (and those of none), as
+        the limit drops the oldest."""
+        with self._lock:
+            while self._oldest and self._oldest[0] < iteration:
+                self._drop_oldest()
+
     def _drop_oldest(self) -> None:
         key = heapq.heappop(self._oldest)
         self._held -= len(self._groups.pop(key))

@@ -86,7 +86,8 @@ def table(config: Config, result: RunResult) -> str:
         lines.append(
             f"bubbles and kernel times of {result.bubble_steps} simulated steps, which the {result.steps} repeat"
             if result.predicted
-            else f"bubble measured over the last {result.bubble_steps} of {result.steps} steps"
+            else f"bubble measured over steps {result.bubble_from}-{result.bubble_from + result.bubble_steps - 1} "
+            f"({result.bubble_steps} of the {result.steps})"
         )
     lines += [
         "",
@@ -136,6 +137,7 @@ def metrics(config: Config, result: RunResult) -> dict[str, Any]:
         "losses": result.losses,
         "lost_workers": list(result.lost),
         "bubble_steps": result.bubble_steps,
+        "bubble_from": result.bubble_from,
         "critical_path_handoff_share": result.handoff_share,
         "critical_path_communication_share": result.communication_share,
         "stages": [
