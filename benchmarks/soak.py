@@ -6,8 +6,8 @@
     ``TRACE_LIMIT`` spans, the latest whole iterations; the limit is reached after about
     33,000 iterations of this plan, so past that RSS must stay flat).
 (b) ``actorflow run configs/default.yaml`` for --steps steps, in a subprocess (the run's
-    report measures its bubble from the spans it holds, at most ``REPORT_SPANS``), its RSS
-    read from /proc/PID/status whenever it logs a step.
+    report times ``REPORT_STEPS`` steps after its first run, and holds at most
+    ``REPORT_SPANS`` spans), its RSS read from /proc/PID/status whenever it logs a step.
 
 Memory is flat when the RSS at the last checkpoint is about the RSS at the first one
 past warm-up; each table ends with that ratio. RSS comes from /proc (Linux only).
