@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (20 of them: about 32 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (22 of them: about 33 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -99,6 +99,22 @@ MUTANTS = [
         REPLAY,
         "                if 0 <= step + shift < steps:  # else an act of a step outside this run: skipped",
         "                if 0 <= step + shift <= steps:",
+    ),
+    Mutant(
+        "replay-times-every-traced-step",
+        "a replayed run that traces some steps times and reports every act",
+        REPLAY,
+        "special.fetch or traced is None or run.first + shift + step in traced",
+        "special.fetch or traced is None or True",
+        ("tests/test_pipeline.py",),
+    ),
+    Mutant(
+        "replay-fetches-only-traced-steps",
+        "a replayed run that traces some steps hands the host the fetches of those steps only",
+        REPLAY,
+        "special.fetch or traced is None or run.first + shift + step in traced",
+        "traced is None or run.first + shift + step in traced",
+        ("tests/test_pipeline.py",),
     ),
     Mutant(
         "releases-first-use",
