@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (22 of them: about 33 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (23 of them: about 34 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -115,6 +115,14 @@ MUTANTS = [
         "special.fetch or traced is None or run.first + shift + step in traced",
         "traced is None or run.first + shift + step in traced",
         ("tests/test_pipeline.py",),
+    ),
+    Mutant(
+        "report-counts-each-ranks-steps",
+        "a report over ranks counts each step once per rank's step track",
+        "actorflow/training/runner.py",
+        'held = {s.args["iteration"] for s in parsed.spans if s.category == STEP}',
+        'held = [s.args["iteration"] for s in parsed.spans if s.category == STEP]',
+        ("tests/test_ranks.py",),
     ),
     Mutant(
         "releases-first-use",
