@@ -29,7 +29,7 @@ from .model import build_graph
 from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
 
-REPORT_SPANS = 50_000  # the spans an untraced run holds for its report: ~35 MB, 100+ steps
+REPORT_SPANS = 50_000  # the most spans an untraced run holds for its report (~35 MB)
 REPORT_STEPS = 20
 """The steps an untraced run times for its report: those after its first ``Session.run``
 (a warm-up: the report leaves it out once a later run was timed; a run that stops
