@@ -14,14 +14,19 @@ and worst errors and the worst bubble difference, against the goals (5%, 10%, 0.
 The configs' runs are taken in turns (every config once, then again), so that a slow
 minute of the machine (others' load moves this one's speed by 10-20% between minutes)
 falls on every config alike, and each turn ends with a run of the calibration's own
-config: its median against the calibration run says how far the machine drifted since
-it was calibrated, an error every prediction of the table carries.
+config (and of the crowding's). The cost model is calibrated on one of those runs, the
+one whose step is their median (``--calibration typical``, the default), so that the
+calibration run is of the machine the table ran on, not of the minute before it
+(``--calibration first``: one run before the table, which a calibration's drift then
+shows: on 2026-11-28 the MLP's calibration run was 20% faster than the same config
+beside the table). The line after the table gives the calibration run's step beside
+its config's runs in the turns.
 
 Runs over ranks are measured as a user runs them (``actorflow launch -n R -- actorflow
 run ...``; rank 0's steps) and predicted with ``--ranks R``. Before the table, the
 machine's CPU pressure (``/proc/pressure/cpu``, others' load) while it was measured.
 
-Run: python benchmarks/simulate.py [--steps 30] [--repeats 3]
+Run: python benchmarks/simulate.py [--steps 30] [--repeats 3] [--calibration typical|first]
 """
 
 from __future__ import annotations
@@ -106,6 +111,12 @@ def launched(name: str, sets: list[str], steps: int, ranks: int, trace: str) -> 
         return [s["bubble"] for s in json.load(f)["stages"]]
 
 
+def typical(runs: list[tuple]) -> tuple:
+    """Of ``measured`` runs, the one whose step time is the median (the lower middle of an
+    even number)."""
+    return sorted(runs, key=lambda run: run[0])[(len(runs) - 1) // 2]
+
+
 def pressure() -> str:
     """The machine's CPU pressure: the share of time some task waited for a core."""
     try:
@@ -119,6 +130,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=30, help="steps per measured run (default 30)")
     p.add_argument("--repeats", type=int, default=3, help="measured runs per config; medians")
+    p.add_argument(
+        "--calibration",
+        choices=["typical", "first"],
+        default="typical",
+        help="calibrate on the run of the calibration's config, among those of the turns, whose step "
+        "is the median (typical, the default), or on one run of it before the table (first)",
+    )
     args = p.parse_args()
     print(f"actorflow simulate accuracy: {os.cpu_count()} cores; {args.steps} steps x {args.repeats} runs")
     start = pressure()
@@ -128,24 +146,27 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for kind, table in (("mlp", MLP), ("transformer", TRANSFORMER)):
             name, sets = CALIBRATION[kind]
-            calibrated, _, chrome = measured(name, sets, args.steps, folder)
-            model = calibrate(chrome, f"{name} {' '.join(sets)}")
+            first = measured(name, sets, args.steps, folder) if args.calibration == "first" else None
+            runs: dict[str, list[tuple]] = {label: [] for label, *_ in table}
+            again, crowded = [], []
+            for _ in range(args.repeats):  # in turns: a slow minute of the machine falls on every config
+                for label, config_name, config_sets, ranks in table:
+                    runs[label].append(measured(config_name, config_sets, args.steps, folder, ranks)[:2])
+                again.append(measured(name, sets, args.steps, folder))
+                if kind in CROWDING:
+                    crowded.append(measured(*CROWDING[kind], args.steps, folder))
+            chosen = first if first is not None else typical(again)
+            model = calibrate(chosen[2], f"{name} {' '.join(sets)}")
             print(f"{kind}: calibrated on {name} {' '.join(sets)}", end="")
             if kind in CROWDING:
                 crowd_name, crowd_sets = CROWDING[kind]
-                *_, chrome = measured(crowd_name, crowd_sets, args.steps, folder)
-                model = fit_crowding(model, chrome, f"{crowd_name} {' '.join(crowd_sets)}")
+                crowd = crowded[0] if first is not None else typical(crowded)
+                model = fit_crowding(model, crowd[2], f"{crowd_name} {' '.join(crowd_sets)}")
                 print(
                     f"; crowding {model.crowding:.2f} fitted on {crowd_name} {' '.join(crowd_sets)}", end=""
                 )
             print(f" (contention {model.contention:.2f})")
-            runs: dict[str, list[tuple]] = {label: [] for label, *_ in table}
-            again = []
-            for _ in range(args.repeats):  # in turns: a slow minute of the machine falls on every config
-                for label, config_name, config_sets, ranks in table:
-                    runs[label].append(measured(config_name, config_sets, args.steps, folder, ranks)[:2])
-                again.append(measured(name, sets, args.steps, folder)[0])
-            drifts.append((kind, calibrated, statistics.median(again)))
+            drifts.append((kind, chosen[0], [period for period, *_ in again]))
             for label, config_name, config_sets, ranks in table:
                 step = statistics.median(period for period, _ in runs[label])
                 bubbles = [
@@ -176,9 +197,9 @@ def main() -> int:
     )
     for kind, calibrated, again in drifts:
         print(
-            f"{kind}: the calibration's config stepped {calibrated * 1e3:.3f} ms in the calibration run and "
-            f"{again * 1e3:.3f} ms beside the table ({again / calibrated - 1:+.1%}): the machine's drift, "
-            "which every prediction of the table carries"
+            f"{kind}: the calibration run stepped {calibrated * 1e3:.3f} ms, its config beside the table "
+            f"{' '.join(f'{a * 1e3:.3f}' for a in again)} ms (median {statistics.median(again) / calibrated - 1:+.1%}): "
+            "the machine's drift since calibrating, which every prediction of the table carries"
         )
     return 0
 
