@@ -603,11 +603,10 @@ class ReplayStream:
                     if special is None:
                         kernel(ins, outs)
                     else:
-                        number = (run.first + shift + step) * special.per_step + special.offset
+                        iteration = run.first + shift + step
+                        number = iteration * special.per_step + special.offset
                         args = ins if special.feed is None else [*ins, host.feed_value(special.feed, number)]
-                        if special.report and (
-                            special.fetch or traced is None or run.first + shift + step in traced
-                        ):
+                        if special.report and (special.fetch or traced is None or iteration in traced):
                             start = clock()
                             result = kernel(args, outs)
                             host.completed(special.unit, number, result, start, clock(), special.acts)
