@@ -203,8 +203,8 @@ class _Training:
 
     def _open(self, config: Config, plan: Plan, values: dict[str, np.ndarray] | None) -> None:
         self.config, self.plan = config, plan
-        self.session = _open(config, plan, self.trace, values, self.step)
-        self.opened = self.step  # the step its session began at
+        self.warm = parameter_server.run_end(config, self.step)  # its session's first run's end
+        self.session = _open(config, plan, self.trace, values, range(self.step, self.warm + REPORT_STEPS))
         self.rank = self.session.rank
         self.parts = local_feeds(plan, self.rank)
         self.shard = checkpoint.arrays(plan, self.rank) if config.output.checkpoint is not None else {}
@@ -292,8 +292,8 @@ class _Training:
     def result(self, stopped: Stop | None, seconds: float) -> RunResult:
         """What the run did (``measure``): over ranks, rank 0 gathers the others' parts."""
         session, config, plan, rank, trace = self.session, self.config, self.plan, self.rank, self.trace
-        if trace is None and self.step > (warm := parameter_server.run_end(config, self.opened)):
-            session.recorder.drop_before(warm)
+        if trace is None and self.step > self.warm:
+            session.recorder.drop_before(self.warm)
         chrome = session.recorder.to_chrome()
         stats = session.register_stats()
         parameters = session.parameters()
@@ -338,17 +338,15 @@ class _Training:
 
 
 def _open(
-    config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None, first: int
+    config: Config, plan: Plan, trace: str | None, values: dict[str, np.ndarray] | None, report: range
 ) -> Session:
-    """The run's session of ``plan`` from step ``first``, holding ``values`` (a
-    checkpoint's) if given: it times every step for a ``trace``, else its first
-    ``REPORT_STEPS`` after its first run, for the report."""
+    """The run's session of ``plan``, holding ``values`` (a checkpoint's) if given: it
+    times every step for a ``trace``, else the steps ``report`` (its first run and the
+    ``REPORT_STEPS`` after it), for the report."""
     session = Session(
         plan,
         trace=True,
-        trace_iterations=range(first, parameter_server.run_end(config, first) + REPORT_STEPS)
-        if trace is None
-        else None,
+        trace_iterations=report if trace is None else None,
         trace_limit=REPORT_SPANS if trace is None else TRACE_LIMIT,
         order=config.runtime.order,
         lost_after=config.runtime.lost_after,
