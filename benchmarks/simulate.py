@@ -146,27 +146,28 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         for kind, table in (("mlp", MLP), ("transformer", TRANSFORMER)):
             name, sets = CALIBRATION[kind]
-            first = measured(name, sets, args.steps, folder) if args.calibration == "first" else None
+            first = args.calibration == "first"
+            again = [measured(name, sets, args.steps, folder)] if first else []
+            crowded = [measured(*CROWDING[kind], args.steps, folder)] if first and kind in CROWDING else []
             runs: dict[str, list[tuple]] = {label: [] for label, *_ in table}
-            again, crowded = [], []
             for _ in range(args.repeats):  # in turns: a slow minute of the machine falls on every config
                 for label, config_name, config_sets, ranks in table:
                     runs[label].append(measured(config_name, config_sets, args.steps, folder, ranks)[:2])
                 again.append(measured(name, sets, args.steps, folder))
-                if kind in CROWDING:
+                if kind in CROWDING and not first:
                     crowded.append(measured(*CROWDING[kind], args.steps, folder))
-            chosen = first if first is not None else typical(again)
+            chosen = again[0] if first else typical(again)
             model = calibrate(chosen[2], f"{name} {' '.join(sets)}")
             print(f"{kind}: calibrated on {name} {' '.join(sets)}", end="")
             if kind in CROWDING:
                 crowd_name, crowd_sets = CROWDING[kind]
-                crowd = crowded[0] if first is not None else typical(crowded)
+                crowd = crowded[0] if first else typical(crowded)
                 model = fit_crowding(model, crowd[2], f"{crowd_name} {' '.join(crowd_sets)}")
                 print(
                     f"; crowding {model.crowding:.2f} fitted on {crowd_name} {' '.join(crowd_sets)}", end=""
                 )
             print(f" (contention {model.contention:.2f})")
-            drifts.append((kind, chosen[0], [period for period, *_ in again]))
+            drifts.append((kind, chosen[0], [period for period, *_ in (again[1:] if first else again)]))
             for label, config_name, config_sets, ranks in table:
                 step = statistics.median(period for period, _ in runs[label])
                 bubbles = [
