@@ -524,7 +524,7 @@ def test_a_replayed_data_parallel_step_runs_its_backward_pass_before_its_updates
     """With gradients all-reduced, each update reads a collective's result: the compute
     stream's program runs the whole backward pass of a step, then its updates (an update
     between backward ops held the backward pass for its all-reduce)."""
-    from actorflow.runtime.replay import schedule
+    from actorflow.runtime.program import schedule
 
     rng = np.random.default_rng(0)
     with af.Graph() as g:

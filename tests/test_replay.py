@@ -1,4 +1,4 @@
-"""Replay (``runtime.replay``): the order a simulated run decided, replayed by each
+"""Replay (``runtime.program``, ``runtime.replay``): the order a simulated run decided, replayed by each
 stream, computes what the drivers compute, on the plans it takes, for runs of any length."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import actorflow as af
 import graph_strategies as gs
 import userfns
 from actorflow.config import load_config
-from actorflow.runtime import replay
-from actorflow.runtime.replay import Program, replayable, schedule
+from actorflow.runtime import program
+from actorflow.runtime.program import Program, replayable, schedule
 from actorflow.runtime.virtual import simulate
 from actorflow.runtime.wiring import wire
 from actorflow.training.runner import compile_config
@@ -149,7 +149,7 @@ def test_what_is_not_replayed_and_why(monkeypatch):
     with af.Session(plan, order="dynamic") as s:
         assert s.ordered_by == "dynamic: order='dynamic' was asked for"
     assert schedule(chain(2, 17), 0) == "its quotas and phases repeat every 17 steps, more than 16"
-    monkeypatch.setattr(replay, "MAX_SIMULATED_ACTS", 10)
+    monkeypatch.setattr(program, "MAX_SIMULATED_ACTS", 10)
     assert schedule(plan, 0) == "simulating it would take over 10 acts"
     assert (
         replayable(attrs.evolve(plan, overlap=False))

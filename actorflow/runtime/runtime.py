@@ -47,8 +47,9 @@ from .device import Programs
 from .driver import Driver, Start
 from .feeds import CheckedFeeds, FeedCheck, Feeds
 from .logical import assemble
+from .program import Program, schedule
 from .protocol import Act, act_text, last_micro_batch
-from .replay import Program, Replay, schedule
+from .replay import Replay
 from .spans import SpanMaker
 from .stall import Watchdog
 from .transport import Transport

@@ -32,7 +32,7 @@ A rank's communication stream (``comm``: its sends and receives) launches whatev
 act without waiting for the last to end, as the transport does; a send and its
 receive end together (``Timing.meets``).
 
-Two callers: ``replay.schedule`` times every act one tick (``Timing`` None) to decide each
+Two callers: ``program.schedule`` times every act one tick (``Timing`` None) to decide each
 stream's order ahead of a run; ``actorflow simulate`` times them by a cost model to
 predict a run.
 """

@@ -4,7 +4,7 @@ fitted from a measured one.
 ``predict`` compiles the config's Plan, wires it as a run would (no buffers), and runs it
 through the same protocol the stream threads run, each act taking the time the cost
 model gives: in the order the replay decided where the runtime would replay it
-(``replay.schedule``), else choosing as the drivers do. A run is the steps ``actorflow
+(``program.schedule``), else choosing as the drivers do. A run is the steps ``actorflow
 run`` gives one (``train.steps_per_run``: ``parameter_server.run_end``), the host's time
 between runs after each. The simulated acts become spans through the runtime's own
 span maker, so the report and the metrics are ``actorflow run``'s, from the same code
@@ -34,7 +34,7 @@ from ..collector import cyclic_gc_paused
 from ..config import Config, parse_config
 from ..devices import device_order
 from ..plan import Actor, Plan
-from ..runtime.replay import Program, schedule
+from ..runtime.program import Program, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Host, Timing, meets, simulate

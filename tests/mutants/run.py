@@ -44,6 +44,7 @@ class Mutant(NamedTuple):
 PROTOCOL = "actorflow/runtime/protocol.py"
 DRIVER = "actorflow/runtime/driver.py"
 REPLAY = "actorflow/runtime/replay.py"
+PROGRAM = "actorflow/runtime/program.py"
 SURVIVAL = ("tests/test_survival.py",)
 
 MUTANTS = [
@@ -64,7 +65,7 @@ MUTANTS = [
     Mutant(
         "replay-comm-waits-on-the-latest",
         "over ranks, an act waits only on the latest of the sends and receives it needs, as if they ended in order",
-        REPLAY,
+        PROGRAM,
         "                if comm[stream]:",
         "                if False:",
         ("tests/test_replay.py",),

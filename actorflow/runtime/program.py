@@ -1,0 +1,202 @@
+"""The streams' programs of a replayed run ("thick compile, thin runtime", as MindSpore's
+execution order, DeepSpeed's pipe instructions, Ray Compiled Graphs' schedules and
+torch pipelining's action lists do): the protocol runs once, ahead of time, on a virtual
+clock, and each stream's order of acts becomes the program it replays (``replay``).
+
+``schedule`` simulates a few steps of a Plan on the virtual clock (``virtual``: the very
+protocol, wiring and launch choice the stream threads' drivers use), every act taking
+one tick, which records for each act what it waited on. The steps of
+the simulation repeat (every ``period`` steps, the same acts in the same order on each
+stream, with the same buffers): one period becomes each stream's program. A dependency
+on another stream becomes a wait on that stream's count of finished instructions, like
+a CUDA stream waiting on an event another recorded; on its own stream, order implies it.
+
+Over ranks, every rank simulates the whole plan the same way, its sends meeting their
+receives as MPI's synchronous sends do, and keeps its own streams' programs: what one
+rank waits for of another, MPI carries. Its communication stream's instructions end in
+any order, so a wait on one of them is a wait on that one alone.
+
+Plans the simulation can't turn into such a program run on the drivers instead
+(``schedule`` says why).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import attrs
+
+from ..collector import cyclic_gc_paused
+from ..plan import Plan
+from .virtual import Entry, Timing, meets, simulate
+from .wiring import Member, StreamWiring, Wiring, acts_in, wire
+
+MAX_PERIOD = 16
+"""Steps within which a schedule must repeat to be replayed."""
+MAX_SIMULATED_ACTS = 300_000
+"""The most acts a simulation may take (about 3 s): a larger plan runs on the drivers,
+so that opening a Runtime stays quick."""
+
+
+def replayable(plan: Plan) -> str | None:
+    """Why ``plan`` runs on the drivers instead, or None if it can be replayed."""
+    if not plan.overlap:
+        return "collectives hold their compute streams (overlap off)"
+    if any(a.calls > 1 for a in plan.actors):
+        return "it reuses communication subgraphs"
+    if any(plan.as_arriving(a) for a in plan.actors):
+        return "its updates apply gradients as they arrive (async parameter servers)"
+    return None
+
+
+@attrs.frozen
+class Program:
+    """Per stream, one block of instructions: the acts the stream runs in ``period``
+    steps, in the simulation's order, which repeats block after block with every act's
+    step advanced by ``period``. ``blocks[k][j]``: the simulation's act at place j of
+    stream k's block 0 (its ``step`` is the one block 0 runs it for); ``waits[k][j]``:
+    (stream, c): "that stream has finished c instructions of this block's counterpart
+    there" (c counts from its block 0's start, and may point into earlier blocks); on a
+    communication stream, whose instructions end in any order: "its instruction c - 1
+    of that block ended"; ``wakes[k][j]``: the streams that wait on instruction j of stream k."""
+
+    period: int
+    blocks: list[list[Entry]]
+    waits: list[list[tuple[tuple[int, int], ...]]]
+    wakes: list[list[tuple[int, ...]]]
+
+    def span(self, k: int, steps: int) -> range:
+        """The blocks of stream k a run of ``steps`` steps runs (some of their acts,
+        at the edges, fall outside the run and are skipped)."""
+        block = self.blocks[k]
+        if not block:
+            return range(0)
+        lo, hi = min(e.step for e in block), max(e.step for e in block)
+        return range(-(hi // self.period), (steps - 1 - lo) // self.period + 1)
+
+
+@cyclic_gc_paused()
+def schedule(plan: Plan, rank: int | None) -> Program | str:
+    """The streams' program for ``plan`` on ``rank`` (None: every rank's streams, as
+    ``actorflow simulate`` runs them), or why there is none: the plan is not
+    ``replayable``, or too large to simulate quickly, or its simulation stalls or does
+    not settle into a repeating order within ``MAX_PERIOD`` steps a period.
+
+    A plan over ranks is simulated whole, every rank the same way, its sends meeting
+    their receives as MPI's synchronous sends do (``virtual.meets``); each rank keeps
+    its own streams' acts (a collective over ranks on the stream of its participants
+    here) and waits only on them: MPI carries what one rank waits for of another."""
+    if (why := replayable(plan)) is not None:
+        return why
+    quotas = [r.quota for r in plan.registers if not r.is_parameter] or [1]
+    period = math.lcm(*quotas, *(plan.phases(a) for a in plan.actors))
+    if period > MAX_PERIOD:
+        return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
+    total = 6 * period + 6  # a lead of up to a period at both ends, the block checked 2 back and 1 on
+    whole = plan.world > 1 or rank is None
+    simulated = [a for a in plan.actors if whole or plan.rank_of(a.device) == rank]
+    if sum(acts_in(a, total * plan.micro_batches) for a in simulated) > MAX_SIMULATED_ACTS:
+        return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
+    wiring = wire(plan, None if whole else rank, allocate=False)
+    ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
+    ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
+    if ran is None:
+        return "it can stall (its simulation did)"
+    # every rank checks every rank's order and program (and the whole plan's, which
+    # actorflow simulate predicts), so that all replay or none does
+    kept = _kept(plan, wiring, ran) if plan.world > 1 else []
+    orders = [(None, ran), *enumerate(kept)]
+    programs: list[Program | str] = []
+    for r, streams in orders:
+        starts = _repeats(streams, total, period)
+        if starts is None:
+            return "its simulated order does not repeat"
+        comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, r)]
+        programs.append(_program(period, streams, starts, comm))
+    if (why := next((p for p in programs if isinstance(p, str)), None)) is not None:
+        return why
+    return programs[0 if rank is None or plan.world == 1 else 1 + rank]
+
+
+def _program(
+    period: int, streams: list[list[Entry]], starts: list[tuple[int, int]], comm: list[bool]
+) -> Program | str:
+    """The program of ``streams``' simulated acts, from each one's repeating block
+    (``_repeats``' ``starts``): an act waits on the last act it needs of a stream whose
+    acts end in order, on each act it needs of a communication stream (``comm``: its
+    acts end in any order), and on none of another rank's; or why there is none (an act
+    needs one further back than the repetition was checked)."""
+    where = {
+        id(entry): (k, i - start)
+        for k, (entries, (start, _)) in enumerate(zip(streams, starts))
+        for i, entry in enumerate(entries)
+    }
+    blocks = [entries[start : start + size] for entries, (start, size) in zip(streams, starts)]
+    waits: list[list[tuple[tuple[int, int], ...]]] = []
+    wakes: list[list[set[int]]] = [[set() for _ in block] for block in blocks]
+    for k, block in enumerate(blocks):
+        waits.append([])
+        for entry in block:
+            need: dict[int, int] = {}  # per stream whose acts end in order, the last one waited on
+            each: set[tuple[int, int]] = set()  # on a comm stream, whose acts end in any order: each
+            for dep in entry.deps:
+                if id(dep) not in where:  # another rank's act
+                    continue
+                stream, place = where[id(dep)]
+                if stream == k and not comm[k]:  # order implies it
+                    continue
+                if place < -2 * starts[stream][1]:
+                    return "its simulated acts wait further back than the order was checked"
+                if comm[stream]:
+                    each.add((stream, place + 1))
+                else:
+                    need[stream] = max(need.get(stream, place + 1), place + 1)
+            for stream, c in (*need.items(), *each):
+                wakes[stream][(c - 1) % starts[stream][1]].add(k)
+            waits[k].append(tuple(sorted((*need.items(), *each))))
+    return Program(period, blocks, waits, [[tuple(sorted(w)) for w in block] for block in wakes])
+
+
+def _repeats(streams: list[list[Entry]], total: int, period: int) -> list[tuple[int, int]] | None:
+    """Per stream of a simulation of ``total`` steps, (its block's first act, the block's
+    acts), where its acts repeat every ``period`` steps from 2 periods before the block to
+    one after (the same units, inputs and outputs, ``period`` steps on); None if some
+    stream's don't."""
+    starts = []
+    for entries in streams:
+        per_step = len(entries) // total  # the stream's acts a step
+        size = per_step * period
+        start = (3 * period + 2) * per_step
+        for i in range(start - 2 * size, start + size):
+            here, there = entries[i], entries[i + size]
+            if here.key() != there.key() or there.step != here.step + period:
+                return None
+        starts.append((start, size))
+    return starts
+
+
+def _streams(plan: Plan, wiring: Wiring, rank: int | None) -> list[StreamWiring]:
+    """The simulated streams ``rank`` runs (all of them for None)."""
+    return [s for s in wiring.streams if rank is None or plan.world == 1 or s.stream.rank == rank]
+
+
+def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[list[list[Entry]]]:
+    """Per rank, per stream of it, in the order they started, the simulated acts it runs:
+    its own, and those of the collectives over ranks it takes part in (simulated as one
+    act, on the stream of their first participant)."""
+    index = [{s.stream.id: k for k, s in enumerate(_streams(plan, wiring, r))} for r in range(plan.world)]
+    lands: dict[int, list[tuple[int, int]]] = {}  # per unit, (rank, stream) of each rank it runs on
+    for unit in wiring.units:
+        here: dict[int, list[Member]] = collections.defaultdict(list)
+        for m in unit.members:
+            here[plan.rank_of(m.actor.device)].append(m)
+        lands[unit.id] = [
+            (r, unit.stream if len(ms) == len(unit.members) else ms[0].actor.stream) for r, ms in here.items()
+        ]
+    kept: list[list[list[tuple[float, int, int, Entry]]]] = [[[] for _ in ix] for ix in index]
+    for k, entries in enumerate(ran):
+        for i, entry in enumerate(entries):
+            for r, stream in lands[entry.unit.id]:
+                kept[r][index[r][stream]].append((entry.start, k, i, entry))
+    return [[[entry for *_, entry in sorted(acts)] for acts in streams] for streams in kept]
