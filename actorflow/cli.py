@@ -235,9 +235,9 @@ def _config_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     code = _command(argv)
-    transport = sys.modules.get("actorflow.runtime.transport")
-    if transport is not None and (least := transport.unfinalized()) is not None:
-        transport.leave(max(code, least))  # without MPI_Finalize (see transport)
+    world = sys.modules.get("actorflow.runtime.mpi_world")
+    if world is not None and (least := world.unfinalized()) is not None:
+        world.leave(max(code, least))  # without MPI_Finalize (see mpi_world)
     return code
 
 

@@ -6,7 +6,7 @@ to let rank 0 alone report; the runtime checks it against MPI itself. Launchers 
 the rank in different variables: MPICH's hydra ``PMI_RANK``/``PMI_SIZE``, Open MPI
 ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE``, Slurm ``SLURM_PROCID``/``SLURM_NTASKS``,
 torchrun ``RANK``/``WORLD_SIZE``. Without a launcher: rank 0 of 1. Once the ranks that
-survived a lost one regrouped (``runtime.transport.regroup``), their new numbers.
+survived a lost one regrouped (``runtime.mpi_world.regroup``), their new numbers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ T = TypeVar("T")
 RANK_CPUS = "ACTORFLOW_RANK_CPUS"
 """Where ``actorflow launch`` lists each local rank's CPUs (``cpu_shares``), as
 ``0,1;2,3``: rank 0's, then rank 1's...; a rank binds itself to its own when it starts
-MPI (``runtime.transport.mpi``). Empty: the ranks stay unbound."""
+MPI (``runtime.mpi_world.mpi``). Empty: the ranks stay unbound."""
 
 LOST_AFTER = 6.0
 """The default silence (seconds) after which another rank counts as lost (the runtime's

@@ -56,7 +56,7 @@ import numpy as np
 import actorflow as af
 import overlap  # the other benchmarks' builders: benchmarks/ is on sys.path when this script runs
 import pipeline
-from actorflow.runtime.transport import gather, mpi
+from actorflow.runtime.mpi_world import gather, mpi
 from actorflow.text import columns
 from actorflow.world import RANK_CPUS, cpus_of, shares_listed, this_rank
 

@@ -130,7 +130,7 @@ def test_cpus_are_shared_out_in_even_blocks_or_in_turn():
 
 BINDING = """
 import os, threading
-from actorflow.runtime.transport import mpi
+from actorflow.runtime.mpi_world import mpi
 before = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
 before.start()  # a thread started before MPI is bound too
 mpi()
@@ -161,7 +161,7 @@ def test_a_bad_cpu_list_stops_the_rank_with_what_to_give(tmp_path):
         "--",
         sys.executable,
         "-c",
-        "from actorflow.runtime.transport import mpi; mpi()",
+        "from actorflow.runtime.mpi_world import mpi; mpi()",
         env={**os.environ, RANK_CPUS: "x;x"},  # both fail before MPI starts: none waits in its start
     )
     out, err = proc.communicate(timeout=25)

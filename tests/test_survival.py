@@ -89,7 +89,7 @@ def _steps(config, values, first: int, last: int, origin=(0, 0)) -> tuple[list[f
 def test_a_process_that_survived_a_lost_rank_ends_unfinalized_with_its_status(ending, status):
     """0 at exit (or 1 after an uncaught exception) unless it ``leave``s with its own, as
     ``actorflow``'s commands do; never through ``MPI_Finalize``, which would wait for the lost rank."""
-    code = f"import sys\nfrom actorflow.runtime.transport import _exit_unfinalized, leave\n_exit_unfinalized(0)\n{ending}\n"
+    code = f"import sys\nfrom actorflow.runtime.mpi_world import exit_unfinalized, leave\nexit_unfinalized(0)\n{ending}\n"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == status, done.stderr
 

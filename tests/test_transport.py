@@ -43,7 +43,7 @@ def test_the_transport_thread_asks_for_a_timer_slack_of_one_microsecond():
 def test_a_rank_ignores_sigusr1_once_mpi_is_up():
     pytest.importorskip("mpi4py")
     code = (
-        "import os, signal; from actorflow.runtime.transport import mpi; mpi(); "
+        "import os, signal; from actorflow.runtime.mpi_world import mpi; mpi(); "
         "os.kill(os.getpid(), signal.SIGUSR1); print(signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -68,7 +68,7 @@ class Runtime:
     lost_after: over ranks, seconds without word from another rank before it counts as
     lost (long enough for a paused process, a GC or a swap, to come back; short enough to
     stop a dead job soon); losable: the ranks whose loss fails this Runtime with a
-    ``RankLost`` that the program may survive (``transport.regroup``), not a RankError;
+    ``RankLost`` that the program may survive (``mpi_world.regroup``), not a RankError;
     order: "replay" (the default) runs each stream in the order a simulated run decided
     once (``replay``), where the plan allows it; "dynamic" decides every act as the run
     goes (``driver``), which adapts to kernels whose times vary, at a higher host cost.

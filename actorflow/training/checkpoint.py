@@ -54,7 +54,7 @@ _STEP = re.compile(r"step-(\d{8,})")
 _PARTIAL = re.compile(r"\.step-(\d{8,})\.partial")
 
 Meet = Callable[[Any], list | None]
-"""Every rank's object on rank 0, None on the others (``transport.gather``)."""
+"""Every rank's object on rank 0, None on the others (``mpi_world.gather``)."""
 
 
 @attrs.frozen

@@ -17,7 +17,7 @@ from ..errors import RankLost
 from ..plan import Plan
 from ..runtime import Session
 from ..runtime.logical import assemble
-from ..runtime.transport import gather
+from ..runtime.mpi_world import gather
 from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
 from ..trace.parse import parse

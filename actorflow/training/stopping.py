@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from ..runtime.transport import Vote
+from ..runtime.mpi_world import Vote
 
 
 @attrs.frozen
@@ -61,7 +61,7 @@ class Interrupts:
         self.heard = False
         self._old: Any = None
         self._vote = Vote() if world > 1 else None  # over ranks: asked each step, answered the next
-        self._check = check  # may raise to give up waiting for the other ranks (``transport.gather``)
+        self._check = check  # may raise to give up waiting for the other ranks (``mpi_world.gather``)
 
     def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
@@ -94,6 +94,6 @@ class Interrupts:
             self._vote.answer(self._check)
 
     def regrouped(self) -> None:
-        """The ranks lost one (``transport.regroup``): the ask in flight is left out."""
+        """The ranks lost one (``mpi_world.regroup``): the ask in flight is left out."""
         if self._vote is not None:
             self._vote.forget()

@@ -24,7 +24,7 @@ workers left), and the lost workers' share of every later batch.
 MPICH's hydra kills every rank of the job when one of them dies of a signal, even with
 ``-disable-auto-cleanup`` (which keeps the others alive only when a rank exits), so
 ``guard`` runs each rank under a parent process that turns its child's death into an
-exit. The survivors end without finalizing MPI (``transport.leave``): ``MPI_Finalize``
+exit. The survivors end without finalizing MPI (``mpi_world.leave``): ``MPI_Finalize``
 waits for the lost rank.
 """
 
@@ -43,8 +43,8 @@ from ..config import Config
 from ..errors import ConfigError, RankError, RankLost
 from ..plan import Plan
 from ..runtime import Session
-from ..runtime.transport import JOIN_TIMEOUT, launched_rank, within, world_comm
-from ..runtime.transport import regroup as regroup_ranks
+from ..runtime.mpi_world import JOIN_TIMEOUT, launched_rank, within, world_comm
+from ..runtime.mpi_world import regroup as regroup_ranks
 from ..text import count
 from ..world import this_rank
 from . import parameter_server
