@@ -626,3 +626,21 @@ def test_plan_without_placeholders_runs_with_no_feeds():
     out = af.run(plan)
     np.testing.assert_array_equal(out["w_out"], np.arange(6, dtype=np.float32).reshape(2, 3))
     assert len(af.run(plan, [{}, {}])) == 2
+
+
+def test_a_session_run_goes_through_no_round_trip_of_trios_loop(monkeypatch):
+    """``Session.run`` hands the run over from the caller's thread and the last stream
+    wakes it: it neither calls into trio's loop nor waits on it."""
+    plan = two_device_plan()
+    with af.Session(plan) as s:
+        s.run({"x": GOOD})
+
+        def refused(*args, **kwargs):
+            raise AssertionError("a run called into trio's loop")
+
+        monkeypatch.setattr(trio.from_thread, "run", refused)
+        monkeypatch.setattr(trio.from_thread, "run_sync", refused)
+        np.testing.assert_array_equal(s.run({"x": GOOD})["y"], reference(GOOD))
+        outs = s.run([{"x": GOOD}, {"x": -GOOD}])
+        np.testing.assert_array_equal(outs[1]["y"], reference(-GOOD))
+        monkeypatch.undo()  # closing the session stops trio's loop through it

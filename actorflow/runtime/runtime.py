@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -56,6 +56,9 @@ from .transport import Transport
 from .wiring import Member, Unit, Wiring, wire
 
 Order = Literal["replay", "dynamic"]
+
+LOOK_EVERY = 0.5
+"""Seconds between looks, while a thread waits for a run, at whether the Runtime closed."""
 
 
 class Runtime:
@@ -116,10 +119,11 @@ class Runtime:
         self._iterations = 0  # iterations run since the runtime opened
         self._remaining = 0
         self._counting = threading.Lock()
+        self._wake: Callable[[], None] = _nothing  # tells the run's waiter it ended
         self._token: trio.lowlevel.TrioToken | None = None
-        self._done = trio.Event()
         self._error: BaseException | None = None
-        self._lock = trio.Lock()
+        self._lock = trio.Lock()  # runs of trio tasks queue up
+        self._one_run = threading.Lock()  # a run of a trio task or of another thread
         self._stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
 
@@ -237,47 +241,82 @@ class Runtime:
         """Run one iteration per feed dict; a single dict gives one dict of outputs back,
         a list gives a list. Iterations pipeline as far as the quotas allow."""
         single, arrays = self.check(feeds)
+        async with self._lock:
+            with self._running():
+                if not self.plan.actors or not arrays:
+                    return {} if single else [{} for _ in arrays]
+                done = trio.Event()
+                self._begin(arrays, lambda: self._soon(done.set))
+                try:
+                    await done.wait()
+                except BaseException:
+                    self.fail(RuntimeError("a run was cancelled midway; this Runtime can't run again"))
+                    raise
+                return self._outputs(single)
+
+    def run_from_thread(self, feeds: Feeds | Sequence[Feeds] | CheckedFeeds | None = None) -> Any:
+        """``run``, from a thread other than trio's (``Session``): the run starts on this
+        thread and its last stream wakes it, with no round trip through trio's loop
+        (about 0.6 ms a run, measured around ``Session.run``), which still watches for
+        stalls and hears of failures."""
+        single, arrays = self.check(feeds)
+        with self._running():
+            if not self.plan.actors or not arrays:
+                return {} if single else [{} for _ in arrays]
+            done = threading.Event()
+            self._begin(arrays, done.set)
+            while not done.wait(LOOK_EVERY):
+                if self._state == "closed":  # trio's loop ended under the run
+                    raise RuntimeError("the Runtime closed while a run was in progress")
+            return self._outputs(single)
+
+    @contextlib.contextmanager
+    def _running(self) -> Iterator[None]:
+        """Around a run: one at a time, of an open Runtime that has not failed."""
         if self._state != "open":
             raise RuntimeError(
                 "run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`"
             )
-        async with self._lock:
+        if not self._one_run.acquire(blocking=False):
+            raise RuntimeError("a run is in progress from another thread")
+        try:
             self.raise_if_failed()
-            if not self.plan.actors:
-                return {} if single else [{} for _ in arrays]
-            if not arrays:
-                return []
-            watchdog = self._watchdog
-            assert watchdog is not None, "an open Runtime has its watchdog"
-            self._base = self._iterations
-            self._iterations += len(arrays)
-            for k, f in enumerate(arrays):
-                self._feeds[self._base + k] = f
-            self._results = [{} for _ in arrays]
-            self._done = trio.Event()
-            replay = self._replay
-            self._remaining = sum(
-                any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()
-            ) + (replay.busy() if replay is not None else 0)
-            watchdog.running = True
-            if self._gpus is not None and self._spans is not None:
-                self._gpus.mark()
-            if not self._remaining:
-                self._done.set()
-            for driver in self._drivers.values():
-                driver.post(Start(len(arrays)))
-            if replay is not None:
-                replay.run(len(arrays) // self.plan.micro_batches)
-            try:
-                await self._done.wait()
-            except BaseException:
-                self.fail(RuntimeError("a run was cancelled midway; this Runtime can't run again"))
-                raise
-            finally:
-                watchdog.running = False
-            self.raise_if_failed()
-            results = [assemble(self.plan.logical, "output", r) for r in self._results]
-            return results[0] if single else results
+            yield
+        finally:
+            assert self._watchdog is not None, "an open Runtime has its watchdog"
+            self._watchdog.running = False
+            self._wake = _nothing
+            self._one_run.release()
+
+    def _begin(self, arrays: list[dict[str, np.ndarray]], wake: Callable[[], None]) -> None:
+        """Hand a run of ``arrays``' iterations to the streams; ``wake()`` once it ended,
+        from the thread that ended it (the last stream's, or trio's on a failure)."""
+        self._base = self._iterations
+        self._iterations += len(arrays)
+        for k, f in enumerate(arrays):
+            self._feeds[self._base + k] = f
+        self._results = [{} for _ in arrays]
+        self._wake = wake
+        replay = self._replay
+        self._remaining = sum(
+            any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()
+        ) + (replay.busy() if replay is not None else 0)
+        assert self._watchdog is not None, "an open Runtime has its watchdog"
+        self._watchdog.running = True
+        if self._gpus is not None and self._spans is not None:
+            self._gpus.mark()
+        if not self._remaining:
+            wake()
+        for driver in self._drivers.values():
+            driver.post(Start(len(arrays)))
+        if replay is not None:
+            replay.run(len(arrays) // self.plan.micro_batches)
+
+    def _outputs(self, single: bool) -> Any:
+        """The ended run's outputs, or the error that stopped this Runtime."""
+        self.raise_if_failed()
+        results = [assemble(self.plan.logical, "output", r) for r in self._results]
+        return results[0] if single else results
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
 
@@ -309,7 +348,7 @@ class Runtime:
             finished = self._remaining == 0
         if finished:
             self._feeds.clear()
-            self._soon(self._done.set)
+            self._wake()
 
     def _soon(self, fn: Any, *args: Any) -> None:
         """Call ``fn(*args)`` on the trio thread, from a stream's or the transport's thread,
@@ -371,7 +410,7 @@ class Runtime:
             driver.close()
         if self._replay is not None:
             self._replay.close()
-        self._done.set()
+        self._wake()
 
     @property
     def failed(self) -> bool:
@@ -438,7 +477,7 @@ class Runtime:
         differs), between runs. The buffers are written in place, so the kernels' views of
         them stay valid."""
         assert self._wiring is not None, "an open Runtime is wired"
-        if self._lock.locked():
+        if self._one_run.locked():
             raise RuntimeError("load runs between runs, not during one")
         held = {p.name: self._wiring.buffers[p.register][0] for p in self.plan.parameters_of(self.rank)}
         if values.keys() != held.keys():
@@ -505,6 +544,10 @@ def _digest(plan: Plan) -> bytes:
     for p in plan.parameters:
         h.update(np.ascontiguousarray(p.value).tobytes())
     return h.digest()
+
+
+def _nothing() -> None:
+    """No run is waited for."""
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:

@@ -113,12 +113,10 @@ class Session:
             self._started.set()
 
     def run(self, feeds: Feeds | Sequence[Feeds] | None = None) -> Any:
-        token = self._live_token()
+        self._live_token()  # the loop that watches the run and hears of its failures
         checked = self._runtime.check(feeds)
         try:
-            return trio.from_thread.run(self._runtime.run, checked, trio_token=token)
-        except trio.RunFinishedError:
-            raise self._died() from self._error
+            return self._runtime.run_from_thread(checked)
         except BaseException as exc:
             self._abandon(exc)
             self.close()

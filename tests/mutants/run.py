@@ -95,6 +95,14 @@ MUTANTS = [
         ("tests/test_simulate.py",),
     ),
     Mutant(
+        "session-wakes-at-the-first-stream-to-finish",
+        "a Session's run returns once any stream finished its part, not the last",
+        "actorflow/runtime/runtime.py",
+        "            finished = self._remaining == 0",
+        "            finished = True",
+        ("tests/test_runtime.py", "tests/test_properties.py"),
+    ),
+    Mutant(
         "replay-runs-past-the-end",
         "a replayed stream runs the acts of the step after the run's last",
         REPLAY,
