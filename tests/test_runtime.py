@@ -644,3 +644,33 @@ def test_a_session_run_goes_through_no_round_trip_of_trios_loop(monkeypatch):
         outs = s.run([{"x": GOOD}, {"x": -GOOD}])
         np.testing.assert_array_equal(outs[1]["y"], reference(-GOOD))
         monkeypatch.undo()  # closing the session stops trio's loop through it
+
+
+def test_a_failure_told_as_a_session_run_starts_ends_the_run_with_it(monkeypatch):
+    """A failure that reaches the runtime between a run's checks and its start (a lost
+    rank, heard by the transport just then) wakes no waiter; the run's thread looks for
+    it, and raises it, rather than waiting for good."""
+    plan = two_device_plan()
+    raised: list[BaseException] = []
+    with af.Session(plan) as s:
+        s.run({"x": GOOD})
+        runtime = s._runtime
+        begin = runtime._begin
+
+        def failing_first(arrays, wake):
+            runtime.fail(RuntimeError("told as the run starts"))
+            begin(arrays, wake)
+
+        monkeypatch.setattr(runtime, "_begin", failing_first)
+
+        def run() -> None:
+            try:
+                s.run({"x": GOOD})
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                raised.append(exc)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), "the run waited for good"
+    assert [str(e) for e in raised] == ["told as the run starts"]

@@ -103,6 +103,14 @@ MUTANTS = [
         ("tests/test_runtime.py", "tests/test_properties.py"),
     ),
     Mutant(
+        "session-waits-through-a-failure",
+        "a Session's run that a failure reached before it started waits on for its end",
+        "actorflow/runtime/runtime.py",
+        "            while not done.wait(LOOK_EVERY) and not self.failed:",
+        "            while not done.wait(LOOK_EVERY):",
+        ("tests/test_runtime.py",),
+    ),
+    Mutant(
         "replay-runs-past-the-end",
         "a replayed stream runs the acts of the step after the run's last",
         REPLAY,
