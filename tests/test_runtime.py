@@ -674,3 +674,31 @@ def test_a_failure_told_as_a_session_run_starts_ends_the_run_with_it(monkeypatch
         thread.join(10)
         assert not thread.is_alive(), "the run waited for good"
     assert [str(e) for e in raised] == ["told as the run starts"]
+
+
+def test_session_runs_from_two_threads_take_turns():
+    """Two threads running one Session at once each get their own outputs, as when the
+    runs went through trio's loop, where they queued."""
+    plan = two_device_plan()
+    wrong: list[str] = []
+    with af.Session(plan) as s:
+
+        def runs(sign: float) -> None:
+            for _ in range(20):
+                x = sign * GOOD
+                try:
+                    out = s.run({"x": x})["y"]
+                except BaseException as exc:  # noqa: BLE001 - the test reads it
+                    wrong.append(repr(exc))
+                    return
+                if not np.array_equal(out, reference(x)):
+                    wrong.append(f"sign {sign}: another run's outputs")
+
+        threads = [threading.Thread(target=runs, args=(sign,)) for sign in (1.0, -1.0)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not any(t.is_alive() for t in threads), "a run waited for good"
+        np.testing.assert_array_equal(s.run({"x": GOOD})["y"], reference(GOOD))
+    assert wrong == []

@@ -189,9 +189,10 @@ class Gpus:
     def mark(self) -> None:
         """Before a traced run: a reference event, done at a known host time, from which
         ``time`` tells the host time of a timing event."""
-        event = self.cupy.cuda.Event()
-        event.record()
-        event.synchronize()
+        with self.cupy.cuda.Device(0):  # as on trio's thread, whichever thread starts the run
+            event = self.cupy.cuda.Event()
+            event.record(self.cupy.cuda.Stream.null)
+            event.synchronize()
         self._mark = (event, time.perf_counter())
 
     def time(self, event: Any, host: float) -> GpuTime:

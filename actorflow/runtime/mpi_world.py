@@ -9,8 +9,8 @@ wheel), and MPICH's own handler answers it with a PMI query for the dead ranks. 
 kills the other ranks when one dies of a signal; when it killed the asking rank before
 the answer arrived, hydra's proxy and mpiexec aborted without reporting any rank's exit
 status (strace; 1 kill in 15 under load). Ranks learn of a lost peer from the
-transport's control messages instead. SIG_IGN, unlike a Python handler, stays in place while the
-interpreter exits, so SIGUSR1 never kills a rank that is leaving.
+transport's control messages instead. SIG_IGN, unlike a Python handler, stays in place
+while the interpreter exits, so SIGUSR1 never kills a rank that is leaving.
 
 After a lost rank (a parameter server's worker, ``training.survival``), ``regroup`` makes
 the survivors' communicator the world (``world_comm``) that the next Transport,

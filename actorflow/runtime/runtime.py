@@ -4,7 +4,8 @@ iteration after iteration.
 Opening it wires the Plan (``wiring``: every register buffer allocated once, each
 actor's protocol state and routing) and starts one thread per stream, which runs that
 stream's driver (``driver``: its actors' message loop) and kernels. Then it serves
-``run`` calls: trio only starts a run, waits for its end, and hears of failures. Any
+``run`` calls: trio only starts a run, waits for its end, and hears of failures (a
+``Session``'s run skips even that: ``run_from_thread``). Any
 failure (a kernel's exception, a stall, a cancelled run) stops the streams and is
 re-raised from ``run`` as the original exception, with a note naming the actor, stream
 and iteration; the Runtime can't run again after it. A kernel that never returns can't
@@ -26,7 +27,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -243,7 +244,11 @@ class Runtime:
         a list gives a list. Iterations pipeline as far as the quotas allow."""
         single, arrays = self.check(feeds)
         async with self._lock:
-            with self._running():
+            self._enter_run()
+            if not self._one_run.acquire(blocking=False):
+                raise RuntimeError("a run is in progress from another thread")
+            try:
+                self.raise_if_failed()
                 if not self.plan.actors or not arrays:
                     return {} if single else [{} for _ in arrays]
                 done = trio.Event()
@@ -254,41 +259,56 @@ class Runtime:
                     self.fail(RuntimeError("a run was cancelled midway; this Runtime can't run again"))
                     raise
                 return self._outputs(single)
+            finally:
+                self._leave_run()
 
     def run_from_thread(self, feeds: Feeds | Sequence[Feeds] | CheckedFeeds | None = None) -> Any:
         """``run``, from a thread other than trio's (``Session``): the run starts on this
         thread and its last stream wakes it, with no round trip through trio's loop
         (a one-iteration run took 132-136 µs against 266-303 µs through it), which still
-        watches for stalls and hears of failures."""
+        watches for stalls and hears of failures. Runs from several threads take turns."""
         single, arrays = self.check(feeds)
-        with self._running():
+        self._enter_run()
+        if self._token is not None and _current_token() is self._token:
+            raise RuntimeError("run_from_thread is for other threads than trio's: there, await run()")
+        while not self._one_run.acquire(timeout=LOOK_EVERY):  # another thread's run
+            self._enter_run()
+            self.raise_if_failed()
+        ended = False
+        try:
+            self.raise_if_failed()
             if not self.plan.actors or not arrays:
+                ended = True
                 return {} if single else [{} for _ in arrays]
             done = threading.Event()
             self._begin(arrays, done.set)
-            # a failure told between the check and the run's start woke nobody: look too
-            while not done.wait(LOOK_EVERY) and not self.failed:
-                if self._state == "closed":  # trio's loop ended under the run
-                    raise RuntimeError("the Runtime closed while a run was in progress")
+            try:
+                while not done.wait(LOOK_EVERY) and not self.failed:
+                    if self._state == "closed":  # trio's loop ended under the run
+                        raise RuntimeError("the Runtime closed while a run was in progress")
+            except BaseException:
+                # as ``run`` when cancelled; the turn is not given back, so no run starts
+                # before the failure lands
+                self._soon(
+                    self.fail, RuntimeError("a run was interrupted midway; this Runtime can't run again")
+                )
+                raise
+            ended = True
             return self._outputs(single)
+        finally:
+            if ended:
+                self._leave_run()
 
-    @contextlib.contextmanager
-    def _running(self) -> Iterator[None]:
-        """Around a run: one at a time, of an open Runtime that has not failed."""
+    def _enter_run(self) -> None:
         if self._state != "open":
             raise RuntimeError(
                 "run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`"
             )
-        if not self._one_run.acquire(blocking=False):
-            raise RuntimeError("a run is in progress from another thread")
-        try:
-            self.raise_if_failed()
-            yield
-        finally:
-            assert self._watchdog is not None, "an open Runtime has its watchdog"
-            self._watchdog.running = False
-            self._wake = _nothing
-            self._one_run.release()
+
+    def _leave_run(self) -> None:
+        """A run's turn ends: nobody waits for it any more."""
+        self._wake = _nothing
+        self._one_run.release()
 
     def _begin(self, arrays: list[dict[str, np.ndarray]], wake: Callable[[], None]) -> None:
         """Hand a run of ``arrays``' iterations to the streams; ``wake()`` once it ended,
@@ -299,6 +319,10 @@ class Runtime:
             self._feeds[self._base + k] = f
         self._results = [{} for _ in arrays]
         self._wake = wake
+        if (
+            self.failed
+        ):  # ``fail`` sets the error, then wakes whom ``_wake`` names: one of the two saw the other
+            wake()
         replay = self._replay
         self._remaining = sum(
             any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()
@@ -316,6 +340,8 @@ class Runtime:
 
     def _outputs(self, single: bool) -> Any:
         """The ended run's outputs, or the error that stopped this Runtime."""
+        assert self._watchdog is not None, "an open Runtime has its watchdog"
+        self._watchdog.running = False
         self.raise_if_failed()
         results = [assemble(self.plan.logical, "output", r) for r in self._results]
         return results[0] if single else results
@@ -344,7 +370,8 @@ class Runtime:
                 self._spans.record(self.recorder, unit, number, start, end, acts)
 
     def stream_finished(self) -> None:
-        """A stream's thread completed its acts of this run; the last one wakes trio."""
+        """A stream's thread completed its acts of this run; the last one wakes the run's
+        waiter (a trio task, or the thread of ``run_from_thread``)."""
         with self._counting:
             self._remaining -= 1
             finished = self._remaining == 0
@@ -479,8 +506,15 @@ class Runtime:
         differs), between runs. The buffers are written in place, so the kernels' views of
         them stay valid."""
         assert self._wiring is not None, "an open Runtime is wired"
-        if self._one_run.locked():
+        if not self._one_run.acquire(blocking=False):
             raise RuntimeError("load runs between runs, not during one")
+        try:
+            self._load(values)
+        finally:
+            self._one_run.release()
+
+    def _load(self, values: dict[str, np.ndarray]) -> None:
+        assert self._wiring is not None, "an open Runtime is wired"
         held = {p.name: self._wiring.buffers[p.register][0] for p in self.plan.parameters_of(self.rank)}
         if values.keys() != held.keys():
             differ = sorted(values.keys() ^ held.keys())[0]
@@ -550,6 +584,14 @@ def _digest(plan: Plan) -> bytes:
 
 def _nothing() -> None:
     """No run is waited for."""
+
+
+def _current_token() -> trio.lowlevel.TrioToken | None:
+    """The calling thread's trio loop, if it runs one."""
+    try:
+        return trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return None
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:

@@ -120,6 +120,8 @@ class Session:
         except BaseException as exc:
             self._abandon(exc)
             self.close()
+            if self._error is not None and exc.__cause__ is None:  # the loop itself died
+                raise exc from self._error
             raise
 
     def parameters(self) -> dict[str, np.ndarray]:
