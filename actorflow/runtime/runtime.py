@@ -59,8 +59,8 @@ from .wiring import Member, Unit, Wiring, wire
 Order = Literal["replay", "dynamic"]
 
 LOOK_EVERY = 0.5
-"""Seconds between looks, while a thread waits for a run, at whether the Runtime failed
-or closed."""
+"""Seconds between looks, while a thread waits for a run, at whether the Runtime closed
+(and while it waits for its turn, whether it failed)."""
 
 
 class Runtime:
@@ -283,7 +283,7 @@ class Runtime:
             done = threading.Event()
             self._begin(arrays, done.set)
             try:
-                while not done.wait(LOOK_EVERY) and not self.failed:
+                while not done.wait(LOOK_EVERY):
                     if self._state == "closed":  # trio's loop ended under the run
                         raise RuntimeError("the Runtime closed while a run was in progress")
             except BaseException:
@@ -319,9 +319,8 @@ class Runtime:
             self._feeds[self._base + k] = f
         self._results = [{} for _ in arrays]
         self._wake = wake
-        if (
-            self.failed
-        ):  # ``fail`` sets the error, then wakes whom ``_wake`` names: one of the two saw the other
+        # ``fail`` sets the error, then wakes whom ``_wake`` names: one of the two saw the other
+        if self.failed:
             wake()
         replay = self._replay
         self._remaining = sum(

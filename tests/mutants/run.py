@@ -106,8 +106,8 @@ MUTANTS = [
         "session-waits-through-a-failure",
         "a Session's run that a failure reached before it started waits on for its end",
         "actorflow/runtime/runtime.py",
-        "            while not done.wait(LOOK_EVERY) and not self.failed:",
-        "            while not done.wait(LOOK_EVERY):",
+        "        if self.failed:\n            wake()",
+        "        if False:\n            wake()",
         ("tests/test_runtime.py",),
     ),
     Mutant(
