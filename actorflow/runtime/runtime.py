@@ -300,6 +300,7 @@ class Runtime:
                 self._leave_run()
 
     def _enter_run(self) -> None:
+        """Refuse a run of a Runtime that is not open."""
         if self._state != "open":
             raise RuntimeError(
                 "run needs an open Runtime: `async with Runtime(plan) as rt: await rt.run(...)`"
@@ -320,8 +321,9 @@ class Runtime:
         self._results = [{} for _ in arrays]
         self._wake = wake
         # ``fail`` sets the error, then wakes whom ``_wake`` names: one of the two saw the other
-        if self.failed:
+        if self.failed:  # and stopped the streams
             wake()
+            return
         replay = self._replay
         self._remaining = sum(
             any(m.acts(len(arrays)) for u in d.units for m in u.members) for d in self._drivers.values()

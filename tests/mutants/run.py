@@ -106,8 +106,8 @@ MUTANTS = [
         "session-waits-through-a-failure",
         "a Session's run that a failure reached before it started waits on for its end",
         "actorflow/runtime/runtime.py",
-        "        if self.failed:\n            wake()",
-        "        if False:\n            wake()",
+        "        if self.failed:  # and stopped the streams\n            wake()",
+        "        if False:  # and stopped the streams\n            wake()",
         ("tests/test_runtime.py",),
     ),
     Mutant(
