@@ -16,7 +16,11 @@
     wake-up that day;
 (b) throughput of a chain of 384x384 float32 matmuls split over cpu:0 and cpu:1,
     against the same chain on cpu:0 alone;
-(c) registers in flight: the most buffers any register held at once, against its quota.
+(c) registers in flight: the most buffers any register held at once, against its quota;
+(e) a run's own cost, for a program that runs one iteration at a time: a ``Session.run``
+    of one iteration of a one-actor plan (a no-op ``call``), run after run, against a
+    thread ping-pong round trip (the least a hand-over to another thread and back costs:
+    the run wakes the stream's thread, which wakes the caller).
 
 Every figure is the median of several runs, each measured beside its baseline in the
 same process. Run: python benchmarks/overhead.py [--repeats 5] [--quick]
@@ -208,6 +212,23 @@ def two_devices(
     return statistics.median(rates[1]), statistics.median(rates[2]), ratios
 
 
+def run_cost(runs: int, repeats: int) -> tuple[float, float]:
+    """(µs per one-iteration ``Session.run`` of a one-actor plan, µs per thread ping-pong
+    round trip), medians, measured in turns."""
+    feed = {"x": np.ones(1, np.float32)}
+    ours, trips = [], []
+    with af.Session(noop_chain(1, 2)) as session:
+        for _ in range(50):
+            session.run(feed)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(runs):
+                session.run(feed)
+            ours.append((time.perf_counter() - start) / runs * 1e6)
+            trips.append(ping_pong(runs))
+    return statistics.median(ours), statistics.median(trips)
+
+
 def in_flight(length: int, size: int, iterations: int, quota: int) -> int:
     plan = matmul_chain(length, size, 2, quota)
     x = np.zeros((size, size), np.float32)
@@ -252,6 +273,7 @@ def main() -> int:
     cases = [(n, "all") for n in args.lengths] + [(args.lengths[-1], "row")]
     chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
     held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
+    us_run, us_trip = run_cost(args.iterations, args.repeats)
 
     rows = []
     for q, (us_act, us_dynamic, us_plain) in overhead.items():
@@ -311,6 +333,14 @@ def main() -> int:
         )
         for q, h in held.items()
     ]
+    rows.append(
+        (
+            f"(e) a Session.run of one iteration of a one-actor plan, {args.iterations} runs",
+            f"{us_run:.1f} us/run",
+            f"{us_trip:.1f} us/round trip (thread ping-pong)",
+            f"{us_run / us_trip:.1f}x",
+        )
+    )
     print("\n".join(columns([("measure", "actorflow", "baseline", "ratio"), *rows])))
     return 0
 
