@@ -60,7 +60,10 @@ def run(
 
 class Session:
     """``with Session(plan) as s: s.run(feeds)``: one Runtime, its own trio loop on a host
-    thread, stream threads living across calls. After a failure the session is closed."""
+    thread (the stall watchdog, failures, and the calls between runs), stream threads
+    living across calls; a run goes from the caller's thread to the streams and back
+    without the loop (``Runtime.run_from_thread``). After a failure the session is
+    closed."""
 
     def __init__(
         self,
