@@ -286,12 +286,11 @@ class Runtime:
                 while not done.wait(LOOK_EVERY):
                     if self._state == "closed":  # trio's loop ended under the run
                         raise RuntimeError("the Runtime closed while a run was in progress")
-            except BaseException:
+            except BaseException as exc:
                 # as ``run`` when cancelled; the turn is not given back, so no run starts
                 # before the failure lands
-                self._soon(
-                    self.fail, RuntimeError("a run was interrupted midway; this Runtime can't run again")
-                )
+                left = f"a run was left midway with {type(exc).__name__}; this Runtime can't run again"
+                self._soon(self.fail, RuntimeError(left))
                 raise
             ended = True
             return self._outputs(single)
