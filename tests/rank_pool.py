@@ -17,13 +17,11 @@ import sys
 import time
 import traceback
 
-import numpy as np
 from mpi4py import MPI
 
 import actorflow as af
 import graph_strategies as gs
-from actorflow.config import load_config
-from actorflow.training import train
+from rank_train import trained
 
 CASE = 7
 
@@ -48,12 +46,7 @@ def run_graph(recipe, ranks, quota, iterations, seed, order):
 
 
 def run_training(config, overrides):
-    result = train(load_config(config, overrides))
-    return {
-        "losses": np.array(result.losses),
-        "bubble_steps": np.array(result.bubble_steps),  # each step once, however many ranks traced it
-        **{f"p_{k}": v for k, v in result.parameters.items()},
-    }
+    return trained(config, *overrides)
 
 
 CASES = {"graph": run_graph, "train": run_training}

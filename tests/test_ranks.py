@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 import actorflow as af
 import graph_strategies as gs
 import ranks
-from actorflow.config import load_config
-from actorflow.training import train
+from rank_train import trained
 
 pytestmark = pytest.mark.xdist_group("mpi")  # one mpiexec at a time: two at once fail in MPI_Comm_dup
 
@@ -79,15 +78,6 @@ def train_on_ranks(n: int, config: str, tmp_path, *overrides: str) -> dict[str, 
         return dict(saved)
 
 
-def train_in_one_process(config: str, *overrides: str) -> dict[str, np.ndarray]:
-    result = train(load_config(config, overrides))
-    return {
-        "losses": np.array(result.losses),
-        "bubble_steps": np.array(result.bubble_steps),  # each step once, however many ranks traced it
-        **{f"p_{k}": v for k, v in result.parameters.items()},
-    }
-
-
 def assert_same_training(got: dict, expected: dict) -> None:
     assert got.keys() == expected.keys()
     for name, value in expected.items():
@@ -141,7 +131,7 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
         path = str(ranks.REPO / "configs/default.yaml")
         status, got = pair.run(("train", path, sets))
         assert status == "ok", got
-        assert_same_training(got, train_in_one_process(path, *sets))
+        assert_same_training(got, trained(path, *sets))
 
     @pytest.mark.parametrize(
         "sets",
@@ -156,14 +146,14 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
         path = str(ranks.REPO / "configs/transformer.yaml")
         status, got = pair.run(("train", path, sets))
         assert status == "ok", got
-        assert_same_training(got, train_in_one_process(path, *sets))
+        assert_same_training(got, trained(path, *sets))
 
 
 @pytest.mark.timeout(300)
 def test_training_2x2_on_four_ranks_launched_equals_one_process(tmp_path):
     """Started as ``actorflow launch`` users start it, one mpiexec for the run."""
     sets = ["train.steps=10", "model.dtype=float64"]
-    expected = train_in_one_process(str(ranks.REPO / "configs/2x2.yaml"), *sets)
+    expected = trained(str(ranks.REPO / "configs/2x2.yaml"), *sets)
     assert_same_training(train_on_ranks(4, "configs/2x2.yaml", tmp_path, *sets), expected)
 
 
