@@ -648,8 +648,8 @@ def test_a_session_run_goes_through_no_round_trip_of_trios_loop(monkeypatch):
 
 def test_a_failure_told_as_a_session_run_starts_ends_the_run_with_it(monkeypatch):
     """A failure that reaches the runtime between a run's checks and its start (a lost
-    rank, heard by the transport just then) wakes no waiter; the run's thread looks for
-    it, and raises it, rather than waiting for good."""
+    rank, heard by the transport just then) finds no waiter to wake; the run's start sees
+    it instead, and the run raises it rather than waiting for good."""
     plan = two_device_plan()
     raised: list[BaseException] = []
     with af.Session(plan) as s:

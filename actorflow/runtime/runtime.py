@@ -505,7 +505,6 @@ class Runtime:
         gives them: every one, with its shape and dtype; a ValueError names the first that
         differs), between runs. The buffers are written in place, so the kernels' views of
         them stay valid."""
-        assert self._wiring is not None, "an open Runtime is wired"
         if not self._one_run.acquire(blocking=False):
             raise RuntimeError("load runs between runs, not during one")
         try:
