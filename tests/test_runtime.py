@@ -702,3 +702,14 @@ def test_session_runs_from_two_threads_take_turns():
         assert not any(t.is_alive() for t in threads), "a run waited for good"
         np.testing.assert_array_equal(s.run({"x": GOOD})["y"], reference(GOOD))
     assert wrong == []
+
+
+async def test_run_from_thread_refuses_trios_own_thread_and_serves_another():
+    """On trio's own thread a run that waits on a thread's event would block the loop
+    that hears of failures: refused, with what to call instead."""
+    with trio.fail_after(20):
+        async with af.Runtime(two_device_plan()) as rt:
+            with pytest.raises(RuntimeError, match="await run"):
+                rt.run_from_thread({"x": GOOD})
+            out = await trio.to_thread.run_sync(rt.run_from_thread, {"x": GOOD})
+            np.testing.assert_array_equal(out["y"], reference(GOOD))

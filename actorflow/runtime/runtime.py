@@ -123,6 +123,7 @@ class Runtime:
         self._counting = threading.Lock()
         self._wake: Callable[[], None] = _nothing  # tells the run's waiter it ended
         self._token: trio.lowlevel.TrioToken | None = None
+        self._loop_thread: int | None = None  # the thread trio's loop runs on
         self._error: BaseException | None = None
         self._lock = trio.Lock()  # runs of trio tasks queue up
         self._one_run = threading.Lock()  # a run of a trio task or of another thread
@@ -136,6 +137,7 @@ class Runtime:
         try:
             self._stack.enter_context(single_threaded_blas())
             self._token = trio.lowlevel.current_trio_token()
+            self._loop_thread = threading.get_ident()
             if self._transport is not None:
                 await self._transport.connect(_groups(self.plan), _digest(self.plan))
             watchdog = self._open()
@@ -269,7 +271,7 @@ class Runtime:
         watches for stalls and hears of failures. Runs from several threads take turns."""
         single, arrays = self.check(feeds)
         self._enter_run()
-        if self._token is not None and _current_token() is self._token:
+        if threading.get_ident() == self._loop_thread:
             raise RuntimeError("run_from_thread is for other threads than trio's: there, await run()")
         while not self._one_run.acquire(timeout=LOOK_EVERY):  # another thread's run
             self._enter_run()
@@ -583,14 +585,6 @@ def _digest(plan: Plan) -> bytes:
 
 def _nothing() -> None:
     """No run is waited for."""
-
-
-def _current_token() -> trio.lowlevel.TrioToken | None:
-    """The calling thread's trio loop, if it runs one."""
-    try:
-        return trio.lowlevel.current_trio_token()
-    except RuntimeError:
-        return None
 
 
 def _only_error(group: BaseExceptionGroup) -> BaseException:
