@@ -19,6 +19,14 @@ and they end in any order, so a wait on one of them is a wait on that one alone.
 2-stage pipeline over 2 ranks went from 37,000-43,000 to 47,000-51,000 samples/s
 (``actorflow launch -n 2 -- actorflow run configs/default.yaml``), its critical path
 from 53-56% to 36% between kernels.
+
+Where the rank replays one compute stream (``_rider``), that stream's thread drives the
+communication stream itself (it "rides" it): it starts its sends and receives when their
+turn comes, ends those that completed after each kernel, and waits for the first of them
+to end when it has nothing else to run (``ReplayStream._ride``). The transport's thread
+then polled beside the kernels and took the rank's one core from them (a stage's kernels
+ran up to twice as long); the same run went from 26-30k to 39-42k samples/s, against
+65-69k for the same stages in a bare MPI pipeline of one thread a rank.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from ..plan import Plan
@@ -106,6 +114,15 @@ class Replay:
         events = _events(wiring, program, gpus)
         self.comm = -1
         """The index of the communication stream (-1: none)."""
+        self.rider = _rider(wiring, program, transport, gpus)
+        """The index of the stream whose thread drives the communication stream (-1: the
+        transport's thread does)."""
+        self.poked = False
+        """Another stream reached what the rider or its communication stream waits for,
+        since the rider last looked (``poke``)."""
+        self.sleeping = False
+        """The rider sleeps on its inbox (nothing of its communication stream in flight)."""
+        self.transport = transport
         self.ended: set[int] = set()
         """The communication stream's instructions past its count that ended."""
         self.streams: list[ReplayStream] = []
@@ -155,7 +172,7 @@ class Replay:
             if s.stream.kind == "comm" and transport is not None:
                 self.comm = k
                 stream: ReplayStream = CommReplay(
-                    self, k, s.stream.id, s.stream.name, instructions, units, transport
+                    self, k, s.stream.id, s.stream.name, instructions, units, transport, self.rider >= 0
                 )
             else:
                 stream = ReplayStream(self, k, s.stream.id, s.stream.name, instructions, units)
@@ -208,17 +225,41 @@ class Replay:
         bases = list(self.counts)
         first = self.steps
         self.steps += steps
+        if self.rider >= 0:  # its rider picks it up as it starts its own part of the run
+            comm = self.streams[self.comm]
+            assert isinstance(comm, CommReplay), "the communication stream is a CommReplay"
+            comm.runs.append(Run(steps, first, bases, [s.start for s in spans], spans[self.comm]))
         for stream in self.streams:
-            if self.sizes[stream.index]:
+            if self.sizes[stream.index] and stream.index != self.rider_comm:
                 stream.commands.put(Run(steps, first, bases, [s.start for s in spans], spans[stream.index]))
 
+    def poke(self) -> None:
+        """From a stream's thread other than the rider's: the rider or the communication
+        stream it drives may go on; wake the rider wherever it waits (its inbox, or MPI)."""
+        self.poked = True
+        if self.sleeping:
+            self.inboxes[self.rider].put(WAKE)
+        assert self.transport is not None, "a rider drives a rank's communication stream"
+        self.transport.wake()
+
+    def is_poked(self) -> bool:
+        return self.poked
+
+    @property
+    def rider_comm(self) -> int:
+        """The communication stream's index where a stream's thread drives it, else -1."""
+        return self.comm if self.rider >= 0 else -1
+
     def close(self) -> None:
-        """Stop every stream after its kernel in progress; wakes each wherever it waits."""
+        """Stop every stream after its kernel in progress; wakes each wherever it waits
+        (a rider waiting inside MPI too)."""
         self.closed = True
         for stream in self.streams:
             if stream.index != self.comm:  # the transport's thread stops with the transport
                 stream.commands.put(None)
                 self.inboxes[stream.index].put(None)
+        if self.rider >= 0:
+            self.poke()
 
     @property
     def progress(self) -> int:
@@ -392,6 +433,10 @@ class ReplayStream:
         traced = replay.traced
         steps, bases, starts = run.steps, run.bases, run.starts
         clock = time.perf_counter
+        ridden = streams[comm] if replay.rider == me else None
+        assert ridden is None or isinstance(ridden, CommReplay), "a rider drives a CommReplay"
+        if ridden is not None:
+            ridden.turn()
         done = counts[me]
         for block in run.blocks:
             at = [b + (block - start) * n for b, start, n in zip(bases, starts, sizes)]
@@ -402,6 +447,8 @@ class ReplayStream:
                         need = at[s] + c
                         if counts[s] < need and not (s == comm and need - 1 in ended):
                             self.waiting = (s, need)
+                            if ridden is not None and not self._ride(ridden, s, need, s == comm):
+                                return
                             while counts[s] < need and not (s == comm and need - 1 in ended):
                                 inbox.get()
                                 if replay.closed:
@@ -432,7 +479,49 @@ class ReplayStream:
                 for w in wakes:
                     waiting = streams[w].waiting
                     if waiting is not None and waiting[0] == me and done >= waiting[1]:
-                        inboxes[w].put(WAKE)
+                        if replay.rider < 0 or w not in (comm, replay.rider):
+                            inboxes[w].put(WAKE)
+                        elif ridden is not None:
+                            ridden.turn()
+                        else:
+                            replay.poke()
+                if ridden is not None and ridden.live:
+                    ridden.poll()
+        if ridden is not None:  # the run's sends and receives end before this stream's part
+            self.waiting = (comm, ridden.end)
+            finished = self._ride(ridden, comm, ridden.end, False)
+            self.waiting = None
+            if not finished:
+                return
+
+    def _ride(self, ridden: CommReplay, stream: int, need: int, alone: bool) -> bool:
+        """The rider's wait for ``stream``'s count to reach ``need`` (``alone``: or for
+        its instruction ``need - 1`` alone to end, as a wait on a communication stream's
+        instruction is), driving its communication stream meanwhile: it starts what can
+        start, ends what completed, and waits for one of
+        its requests in flight as a collective does (``Transport.wait``: inside MPI while
+        the rank has a core for it, else polling with back-off), or on its inbox where
+        none is; another stream's thread that reaches what either waits for ``poke``s it.
+        False if the replay closed meanwhile."""
+        replay = self.replay
+        inbox, counts, ended = replay.inboxes[self.index], replay.counts, replay.ended
+        while True:
+            replay.poked = False
+            if ridden.live:
+                ridden.poll()
+            ridden.turn()
+            if counts[stream] >= need or (alone and need - 1 in ended):
+                return True
+            if replay.closed:
+                return False
+            if ridden.live:
+                requests = [request for request, _ in ridden.live.values()]
+                ridden.transport.wait(requests, replay.is_poked, every=False)
+                continue
+            replay.sleeping = True
+            if not replay.poked:
+                inbox.get()
+            replay.sleeping = False
 
     def _act(self, stream: ReplayStream, count: int) -> tuple[Unit, int]:
         """The unit and act number of ``stream``'s instruction ``count`` (counted since the
@@ -483,6 +572,7 @@ class CommReplay(ReplayStream):
         instructions: list[tuple],
         units: list[Unit],
         transport: Transport,
+        ridden: bool,
     ) -> None:
         super().__init__(replay, index, plan_stream, name, instructions, units)
         self.transport = transport
@@ -494,7 +584,12 @@ class CommReplay(ReplayStream):
         """Instructions started (or skipped) since the runtime opened."""
         self.end = 0
         """``replay.counts`` once the current run ended."""
-        transport.serve(self._turn)
+        self.ridden = ridden
+        """Driven by a stream's thread (``Replay.rider``), not the transport's."""
+        self.live: dict[int, tuple[Any, Callable[[BaseException | None], None]]] = {}
+        """Ridden: instruction -> its MPI request in flight and what ends it."""
+        if not ridden:
+            transport.serve(self._turn)
 
     def pending(self, actor: int) -> int:
         """Its first unfinished instruction of ``actor`` in the current run (or the next
@@ -507,7 +602,20 @@ class CommReplay(ReplayStream):
                 return g
         return self.started
 
-    def _turn(self, messages: list) -> None:
+    def turn(self) -> None:
+        """On its rider's thread: start what can start (a run handed over included)."""
+        self._turn(())
+
+    def poll(self) -> None:
+        """On its rider's thread: end the instructions whose requests completed."""
+        live = self.live
+        self.transport.MPI.Request.Testsome([request for request, _ in live.values()])
+        for g, (request, done) in list(live.items()):
+            if not request:  # completed: MPI set it to the null request
+                del live[g]
+                done(None)
+
+    def _turn(self, messages: Iterable[Any]) -> None:
         """A turn of the transport's loop that heard news: runs handed over (``Replay.run``),
         wake-ups, ended requests."""
         self.runs.extend(m for m in messages if m.__class__ is Run)
@@ -603,7 +711,15 @@ class CommReplay(ReplayStream):
                 replay.host.completed(special.unit, number, None, began, time.perf_counter(), special.acts)
             self._ended(g, wakes)
 
-        transport.submit(lambda: kernel(ins, outs, transport.data), done, moving=bool(ins))
+        if not self.ridden:
+            transport.submit(lambda: kernel(ins, outs, transport.data), done, moving=bool(ins))
+            return
+        try:
+            request = kernel(ins, outs, transport.data)
+        except Exception as exc:  # noqa: BLE001 - the host hears of it
+            done(exc)
+            return
+        self.live[g] = (request, done)
 
     def _ended(self, g: int, wakes: tuple[int, ...]) -> None:
         """Instruction g ended: count it, wake the streams that wait on it, and end the run
@@ -620,7 +736,12 @@ class CommReplay(ReplayStream):
             self.ended.add(g)
         for w in wakes:
             waiting = replay.streams[w].waiting
-            if waiting is not None and waiting[0] == me and self._reached(me, waiting[1]):
+            if (
+                waiting is not None
+                and waiting[0] == me
+                and self._reached(me, waiting[1])
+                and w != replay.rider
+            ):
                 replay.inboxes[w].put(WAKE)
         self._finish()
 
@@ -629,3 +750,20 @@ class CommReplay(ReplayStream):
         if not self.idle and self.replay.counts[self.index] >= self.end:
             self.idle = True
             self.replay.host.stream_finished()
+
+
+def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: Gpus | None) -> int:
+    """The stream whose thread drives the rank's communication stream, or -1 (its
+    transport's thread does). Where the rank runs one stream of kernels (a stage of a
+    pipeline over ranks), that stream's thread starts the sends and receives as their
+    turn comes and, when it waits on one, waits inside MPI, as a bare MPI program's one
+    thread does: no hand-off to the transport's thread and back per transfer, and no
+    thread polling beside the kernels. Not over GPUs, nor where this rank may survive the
+    loss of another (the transport's thread tells a lost peer's failed request from
+    other MPI errors). A copy stream's thread (a fetch of what came from another rank)
+    waits on the communication stream as before."""
+    if transport is None or gpus is not None or transport.losable:
+        return -1
+    compute = [k for k, s in enumerate(wiring.streams) if program.blocks[k] and s.stream.kind == "compute"]
+    comm = [k for k, s in enumerate(wiring.streams) if program.blocks[k] and s.stream.kind == "comm"]
+    return compute[0] if len(compute) == 1 and comm else -1

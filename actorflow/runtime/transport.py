@@ -1,5 +1,7 @@
 """The transport between ranks: a thread per process that makes its MPI calls, but for
-the collectives over ranks, which their own stream's thread makes.
+the collectives over ranks, which their own stream's thread makes, and the sends and
+receives of a rank whose one compute stream rides its communication stream
+(``replay._rider``), which that stream's thread makes (waiting as a collective does).
 
 Stream threads and the trio thread hand the transport thread a function that starts a
 nonblocking operation (``Issend``, ``Irecv``...) and a callback for its completion. The
@@ -32,7 +34,7 @@ node with a core per rank: else MPICH's spinning wait would take the core of the
 it waits for), or the rank has a core to spare, it stays in MPI (``stays``): blocked in
 ``Waitsome`` on its requests and
 on a receive from this process of its own, which the transport thread sends it
-(``_wake``) once the rank got busy (it looks every ``WATCH_EVERY`` meanwhile) or the
+(``wake``) once the rank got busy (it looks every ``WATCH_EVERY`` meanwhile) or the
 transport stops: a closing runtime and a lost or failed rank end the wait as they end
 everything else. A rank has a core to spare when its share of the node's cores (those
 its ranks may run on, every one's ``os.sched_getaffinity`` together, over the ranks on
@@ -161,8 +163,8 @@ class Transport:
         """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
         self._cores_per_rank = 0.0
         self._collecting: set[int] = set()  # the threads inside ``collective`` (their idents)
-        self._blocked: set[int] = set()  # the wake-up tags of those inside ``_block``, till ``_wake``
-        self._wakes: Any = None  # this process alone: where ``_wake`` sends
+        self._blocked: set[int] = set()  # the wake-up tags of those inside ``_block``, till ``wake``
+        self._wakes: Any = None  # this process alone: where ``wake`` sends
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         """What this thread reads: work to start (``submit``), and messages for the
         stream it serves (``serve``), in the order they came."""
@@ -253,40 +255,44 @@ class Transport:
             if self._live and not self._collecting:  # poll them now, not at the next watch
                 self.submit(_no_requests, None)
 
-    def wait(self, requests: Any) -> None:
-        """Wait on the calling thread (a collective stream's, inside ``collective``) until
-        ``requests`` (an MPI request or a list of them) completed: in MPI (``_block``) while
-        the rank ``stays``, else polling them with back-off (``MIN_BACKOFF`` doubling to
+    def wait(self, requests: Any, until: Callable[[], bool] = bool, every: bool = True) -> None:
+        """Wait on the calling thread (a collective stream's, inside ``collective``, or a
+        communication stream's rider) until ``requests`` (an MPI request or a list of
+        them) completed (not ``every``: one of them), or sooner once ``until()`` (which a
+        thread that makes it true follows with ``wake``): in MPI (``_block``) while the
+        rank ``stays``, else polling them with back-off (``MIN_BACKOFF`` doubling to
         ``MOVING_BACKOFF``: the others' data moves only while this rank polls too). A
         RankError once the transport closed (this rank or another failed)."""
         if not isinstance(requests, list):
             requests = [requests]
-        test = self.MPI.Request.Testall
+        test = self.MPI.Request.Testall if every else _test_any
         backoff = MIN_BACKOFF
-        while not test(requests):
+        while not test(requests) and not until():
             if self._closed:
                 raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
             if self.stays():
-                self._block(requests)
+                self._block(requests, until, every)
                 backoff = MIN_BACKOFF
                 continue
             _precise_sleeps_once()
             time.sleep(backoff)
             backoff = min(2 * backoff, MOVING_BACKOFF)
 
-    def _block(self, requests: list) -> None:
-        """Stay in MPI, without the GIL, until ``requests`` completed or the transport
-        thread wakes this thread (``_wake``: the rank got busy, or the transport stops).
+    def _block(self, requests: list, until: Callable[[], bool], every: bool) -> None:
+        """Stay in MPI, without the GIL, until ``requests`` completed or a thread wakes
+        this one (``wake``: the rank got busy, the transport stops, or ``until()``).
         A thread spinning on ``Test`` in Python would hold the GIL between its calls, and
         the rank's other threads waited up to the switch interval (5 ms) for each turn:
         the transport thread was seen to start a send 85 ms late so."""
         tag = _own_tag()
         wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
         self._blocked.add(tag)
-        woken = self._closed or not self.stays()  # it may have changed before the transport saw us
+        woken = self._closed or not self.stays() or until()  # it may have changed before the wake saw us
         pending = [*requests, wake]
         left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
-        while left and not woken:
+        if not every:
+            left = min(left, 1)
+        while left > 0 and not woken:
             for k in self.MPI.Request.Waitsome(pending) or ():
                 if k == len(requests):
                     woken = True
@@ -294,7 +300,7 @@ class Transport:
                     left -= 1
         try:
             self._blocked.remove(tag)
-        except KeyError:  # ``_wake`` took it out: its message came, or comes
+        except KeyError:  # ``wake`` took it out: its message came, or comes
             pass
         else:
             wake.Cancel()
@@ -397,7 +403,7 @@ class Transport:
                         self._fail(RankError(f"rank {self.rank}: MPI failed: {self._held[0][1]}"))
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
-                    self._wake()
+                    self.wake()
                 if self._collecting and (self._live or watching):
                     # a collective's thread polls MPI, which moves every request's data: only
                     # notice the ends (and whether the rank got busy) now and then
@@ -420,7 +426,7 @@ class Transport:
             self._fail(RankError(f"rank {self.rank}: MPI failed: {exc}"))
         finally:
             self._closed = True
-            self._wake()
+            self.wake()
 
     def _hold_errors(self, live: list, error: Exception) -> list[int]:
         """After ``Testsome`` raised ``error``, with ``losable`` peers: the indices of the
@@ -475,7 +481,7 @@ class Transport:
             listen = self.control.Irecv(notice, source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG)
         return listen
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Take every thread in ``_block`` out of MPI: a message to this process with its tag."""
         while self._blocked:
             try:
@@ -548,6 +554,12 @@ class CommExecutor:
         self._transport.close()
 
 
+def _test_any(requests: list) -> bool:
+    """Whether one of ``requests`` completed: now, or before (MPI set it to the null
+    request, which ``Testany`` passes over)."""
+    return not all(requests) or requests[0].Testany(requests)[1]
+
+
 def _precise_sleeps() -> None:
     """Make this thread's timed waits end when asked. Linux rounds each one up by the
     thread's timer slack, 50 µs by default: the back-offs of 20 and 100 µs took 108 and
@@ -574,7 +586,7 @@ def _precise_sleeps_once() -> None:
 
 
 def _own_tag() -> int:
-    """The calling thread's own tag, for the messages that wake it (``Transport._wake``)."""
+    """The calling thread's own tag, for the messages that wake it (``Transport.wake``)."""
     tag = getattr(_local, "tag", None)
     if tag is None:
         tag = _local.tag = next(_tags)

@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (26 of them: about 40 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (28 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -77,6 +77,22 @@ MUTANTS = [
         "                        if counts[s] < need and not (s == comm and need - 1 in ended):",
         "                        if counts[s] < need and not (s == comm and need - 1 < streams[comm].started):",
         ("tests/test_ranks.py",),
+    ),
+    Mutant(
+        "rider-waits-for-every-request",
+        "a rank's rider waits for all its sends and receives in flight, not for the first to end",
+        REPLAY,
+        "ridden.transport.wait(requests, replay.is_poked, every=False)",
+        "ridden.transport.wait(requests, replay.is_poked, every=True)",
+        ("tests/test_ranks.py",),
+    ),
+    Mutant(
+        "wait-for-one-counts-past-it",
+        "a wait for one of several requests goes on when two end at once",
+        "actorflow/runtime/transport.py",
+        "        while left > 0 and not woken:",
+        "        while left and not woken:",
+        ("tests/test_transport.py",),
     ),
     Mutant(
         "simulated-contention-of-all-python",
