@@ -22,7 +22,7 @@ from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, fit_crowding, layouts, predict
 from actorflow.simulate.costs import CalibrationError, fit, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
-from actorflow.simulate.predict import Beside, gil_shares, replayed_orders, step_time, unit_times
+from actorflow.simulate.predict import Beside, _polled, gil_shares, replayed_orders, step_time, unit_times
 from actorflow.trace.metrics import summarize
 from actorflow.trace.parse import parse
 from actorflow.training import compile_config, report
@@ -350,6 +350,23 @@ def test_each_run_starts_when_the_last_acts_ended_whatever_the_gil_waits_left_pe
         return max(e.end for stream in ran for e in stream)
 
     assert makespan(4) == pytest.approx(4 * makespan(1), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "cores", "polled"),
+    [("default", 2, 2, set()), ("2x2", 2, 2, {0, 1}), ("2x2", 4, 4, set()), ("2x2", 4, 2, {0, 1, 2, 3})],
+)
+def test_a_rank_whose_one_compute_stream_rides_its_sends_has_no_thread_polling_beside_it(
+    name, ranks, cores, polled
+):
+    """As the runtime decides (``program.rider``): a rank of one compute stream (a stage
+    a rank) waits for its transfers in MPI with no transport thread polling beside its
+    kernels; a rank of two devices keeps that thread, and so does a rider whose node has
+    fewer cores than ranks (it polls itself then)."""
+    config = load_config(f"configs/{name}.yaml", ["train.steps=2"])
+    plan = compile_config(config, ranks)
+    wiring = wire(plan, None, allocate=False)
+    assert _polled(config, plan, wiring, [0] * ranks, cores) == polled
 
 
 @pytest.mark.parametrize(("name", "ranks"), [("default", 2), ("2x2", 2), ("2x2", 4)])

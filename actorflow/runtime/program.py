@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import math
+from collections.abc import Sequence
 
 import attrs
 
@@ -200,3 +201,12 @@ def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[list[list[
             for r, stream in lands[entry.unit.id]:
                 kept[r][index[r][stream]].append((entry.start, k, i, entry))
     return [[[entry for *_, entry in sorted(acts)] for acts in streams] for streams in kept]
+
+
+def rider(kinds: Sequence[str | None]) -> int:
+    """Which of a rank's streams (``kinds``: each one's kind, None where it has nothing to
+    run) rides the rank's communication stream (``replay.ReplayStream._ride``): its one
+    compute stream, where its communication stream has work too; else -1 (the
+    transport's thread runs the communication stream, polling beside the kernels)."""
+    compute = [k for k, kind in enumerate(kinds) if kind == "compute"]
+    return compute[0] if len(compute) == 1 and "comm" in kinds else -1

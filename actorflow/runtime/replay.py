@@ -44,7 +44,7 @@ from ..text import count
 from .cuda import Gpus
 from .device import WaitChain
 from .driver import Host
-from .program import Program
+from .program import Program, rider
 from .protocol import Act
 from .transport import Transport
 from .virtual import Entry
@@ -754,8 +754,8 @@ class CommReplay(ReplayStream):
 
 def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: Gpus | None) -> int:
     """The stream whose thread drives the rank's communication stream, or -1 (its
-    transport's thread does). Where the rank runs one stream of kernels (a stage of a
-    pipeline over ranks), that stream's thread starts the sends and receives as their
+    transport's thread does; ``program.rider``). Where the rank runs one stream of
+    kernels (a stage of a pipeline over ranks), that stream's thread starts the sends and receives as their
     turn comes and, when it waits on one, waits inside MPI, as a bare MPI program's one
     thread does: no hand-off to the transport's thread and back per transfer, and no
     thread polling beside the kernels. Not over GPUs, nor where this rank may survive the
@@ -764,6 +764,4 @@ def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: 
     waits on the communication stream as before."""
     if transport is None or gpus is not None or transport.losable:
         return -1
-    compute = [k for k, s in enumerate(wiring.streams) if program.blocks[k] and s.stream.kind == "compute"]
-    comm = [k for k, s in enumerate(wiring.streams) if program.blocks[k] and s.stream.kind == "comm"]
-    return compute[0] if len(compute) == 1 and comm else -1
+    return rider([s.stream.kind if program.blocks[k] else None for k, s in enumerate(wiring.streams)])

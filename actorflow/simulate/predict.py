@@ -34,13 +34,14 @@ from ..collector import cyclic_gc_paused
 from ..config import Config, parse_config
 from ..devices import device_order
 from ..plan import Actor, Plan
-from ..runtime.program import Program, schedule
+from ..runtime.program import Program, rider, schedule
 from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Host, Timing, meets, simulate
 from ..runtime.wiring import Unit, Wiring, acts_in, wire
 from ..trace.parse import Trace, parse
 from ..trace.recorder import Recorder
+from ..training import survival
 from ..training.parameter_server import run_end, run_starts
 from ..training.runner import RunResult, compile_config, measure
 from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
@@ -109,6 +110,22 @@ def work(plan: Plan, model: CostModel, micro_batches: int) -> float:
     )
 
 
+def _polled(config: Config, plan: Plan, wiring: Wiring, node: Sequence[int], cores: int) -> frozenset[int]:
+    """The ranks where a thread polls beside their streams all along: the transport's,
+    where the rank's one compute stream does not ride its communication stream
+    (``program.rider``; nor does it where the rank may survive another's loss), and the
+    rider itself where its node has fewer cores than ranks (it then polls with back-off
+    rather than wait inside MPI, ``Transport.stays``)."""
+    if plan.world == 1:
+        return frozenset()
+    losable = survival.losable(config, plan)
+    crowded = {n for n in node if node.count(n) > cores}
+    kinds: dict[int, list[str | None]] = defaultdict(list)
+    for s in wiring.streams:
+        kinds[s.stream.rank].append(s.stream.kind if s.units else None)
+    return frozenset(r for r in range(plan.world) if losable or node[r] in crowded or rider(kinds[r]) < 0)
+
+
 Replayed = tuple[list[list[Unit]] | None, str]
 """``replayed_orders``' answer: per stream the units a one-step run launches, and why."""
 
@@ -130,7 +147,7 @@ def _clock(
     runs = max(1, min(config.train.steps, SIMULATED_STEPS) // per_run)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
-    polled = frozenset(range(plan.world) if plan.world > 1 else ())  # each rank's transport thread
+    polled = _polled(config, plan, wiring, node, model.cores)
     host = Host(
         process,
         [node[r] for r in process],
