@@ -23,10 +23,10 @@ from 53-56% to 36% between kernels.
 Where the rank replays one compute stream (``_rider``), that stream's thread drives the
 communication stream itself (it "rides" it): it starts its sends and receives when their
 turn comes, ends those that completed after each kernel, and waits for the first of them
-to end when it has nothing else to run (``ReplayStream._ride``). The transport's thread
-then polled beside the kernels and took the rank's one core from them (a stage's kernels
-ran up to twice as long); the same run went from 26-30k to 39-42k samples/s, against
-65-69k for the same stages in a bare MPI pipeline of one thread a rank.
+to end when it has nothing else to run (``ReplayStream._ride``). Before, the transport's
+thread polled beside the kernels and took the rank's one core from them (a stage's
+kernels ran up to twice as long); the same run went from 26-30k to 39-42k samples/s,
+against 65-69k for the same stages in a bare MPI pipeline of one thread a rank.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from ..errors import RankError
 from ..plan import Plan
 from ..plan_check import transfer_peers
 from ..text import count
@@ -75,7 +76,8 @@ WAKE = ()
 class Replay:
     """Every stream of a replayed plan: its thread, its instructions, the counts they
     wait on, and the buffers held per register (``peaks``). Over ranks, the rank's
-    communication stream runs on the ``transport``'s thread (``CommReplay``)."""
+    communication stream (``CommReplay``) runs on the ``transport``'s thread, or on its
+    ``rider``'s."""
 
     def __init__(
         self,
@@ -243,6 +245,7 @@ class Replay:
         self.transport.wake()
 
     def is_poked(self) -> bool:
+        """Whether a poke came since the rider last looked (its waits end on one)."""
         return self.poked
 
     @property
@@ -408,6 +411,9 @@ class ReplayStream:
             self.idle = False
             try:
                 self._run(run)
+            except RankError as exc:  # a rider's sends and receives failed, or the transport closed
+                replay.host.fail_soon(exc)
+                return
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the host
                 unit, number = self._act(self, replay.counts[self.index])
                 replay.host.fail_kernel_soon(exc, unit, number)
@@ -485,8 +491,8 @@ class ReplayStream:
                             ridden.turn()
                         else:
                             replay.poke()
-                if ridden is not None and ridden.live:
-                    ridden.poll()
+                if ridden is not None and ((ridden.live and ridden.poll()) or replay.poked):
+                    ridden.turn()  # what ended, or another stream, may let it start more
         if ridden is not None:  # the run's sends and receives end before this stream's part
             self.waiting = (comm, ridden.end)
             finished = self._ride(ridden, comm, ridden.end, False)
@@ -510,13 +516,17 @@ class ReplayStream:
             if ridden.live:
                 ridden.poll()
             ridden.turn()
-            if counts[stream] >= need or (alone and need - 1 in ended):
-                return True
             if replay.closed:
                 return False
+            if counts[stream] >= need or (alone and need - 1 in ended):
+                return True
             if ridden.live:
                 requests = [request for request, _ in ridden.live.values()]
-                ridden.transport.wait(requests, replay.is_poked, every=False)
+                MPI = ridden.transport.MPI
+                try:
+                    ridden.transport.wait(requests, replay.is_poked, every=False)
+                except MPI.Exception as exc:
+                    raise RankError(f"rank {ridden.transport.rank}: MPI failed: {exc}") from None
                 continue
             replay.sleeping = True
             if not replay.poked:
@@ -557,7 +567,8 @@ class ReplayStream:
 
 class CommReplay(ReplayStream):
     """A rank's communication stream (its sends and receives over MPI), replayed on the
-    transport's thread between its polls (``Transport.serve``): it starts each
+    transport's thread between its polls (``Transport.serve``), or by its rider
+    (``turn``, ``poll``; ``ReplayStream._ride``): it starts each
     instruction in its program's order once what it waits on has ended, and their
     requests end in any order. ``replay.counts`` holds the instructions before its first
     unfinished one, ``ended`` those past it that ended: a stream waiting on one of its
@@ -606,18 +617,24 @@ class CommReplay(ReplayStream):
         """On its rider's thread: start what can start (a run handed over included)."""
         self._turn(())
 
-    def poll(self) -> None:
-        """On its rider's thread: end the instructions whose requests completed."""
+    def poll(self) -> bool:
+        """On its rider's thread: end the instructions whose requests completed; whether
+        any did."""
         live = self.live
-        self.transport.MPI.Request.Testsome([request for request, _ in live.values()])
-        for g, (request, done) in list(live.items()):
-            if not request:  # completed: MPI set it to the null request
-                del live[g]
-                done(None)
+        MPI = self.transport.MPI
+        try:
+            MPI.Request.Testsome([request for request, _ in live.values()])
+        except MPI.Exception as exc:
+            raise RankError(f"rank {self.transport.rank}: MPI failed: {exc}") from None
+        ended = [(g, done) for g, (request, done) in live.items() if not request]  # MPI nulls them
+        for g, done in ended:
+            del live[g]
+            done(None)
+        return bool(ended)
 
     def _turn(self, messages: Iterable[Any]) -> None:
-        """A turn of the transport's loop that heard news: runs handed over (``Replay.run``),
-        wake-ups, ended requests."""
+        """A turn of the transport's loop that heard news (runs handed over, wake-ups, ended
+        requests), or of its rider: start what can start."""
         self.runs.extend(m for m in messages if m.__class__ is Run)
         while not self.replay.closed:
             if self.idle:
@@ -740,7 +757,7 @@ class CommReplay(ReplayStream):
                 waiting is not None
                 and waiting[0] == me
                 and self._reached(me, waiting[1])
-                and w != replay.rider
+                and w not in (replay.rider, replay.rider_comm)
             ):
                 replay.inboxes[w].put(WAKE)
         self._finish()

@@ -131,7 +131,7 @@ class Transport:
 
     Set before ``start()``: ``busy``, whether some compute stream of this rank is running a
     kernel or has one it can launch (called from the transport's and the collective
-    streams' threads, often: it must be cheap and never block); ``threads``, how many
+    streams' threads and a rider's, often: it must be cheap and never block); ``threads``, how many
     threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
     it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
     only where it has a core to spare. ``losable``: the ranks whose loss this rank may
@@ -265,11 +265,13 @@ class Transport:
         RankError once the transport closed (this rank or another failed)."""
         if not isinstance(requests, list):
             requests = [requests]
-        test = self.MPI.Request.Testall if every else _test_any
+        test = self.MPI.Request.Testall if every else self._test_any
         backoff = MIN_BACKOFF
         while not test(requests) and not until():
             if self._closed:
-                raise RankError(f"rank {self.rank} stopped while a collective over ranks was in flight")
+                raise RankError(
+                    f"rank {self.rank} stopped while a transfer or a collective over ranks was in flight"
+                )
             if self.stays():
                 self._block(requests, until, every)
                 backoff = MIN_BACKOFF
@@ -277,6 +279,11 @@ class Transport:
             _precise_sleeps_once()
             time.sleep(backoff)
             backoff = min(2 * backoff, MOVING_BACKOFF)
+
+    def _test_any(self, requests: list) -> bool:
+        """Whether one of ``requests`` completed: now, or before (MPI set it to the null
+        request, which ``Testany`` passes over)."""
+        return not all(requests) or self.MPI.Request.Testany(requests)[1]
 
     def _block(self, requests: list, until: Callable[[], bool], every: bool) -> None:
         """Stay in MPI, without the GIL, until ``requests`` completed or a thread wakes
@@ -418,6 +425,8 @@ class Transport:
                     backoff = wait = MIN_BACKOFF if news else min(2 * backoff, most)
                 else:  # nothing to poll: sleep until new work or the control messages' turn
                     backoff, wait = MIN_BACKOFF, next_control - now
+                if watching:  # a rider waits inside MPI: notice soon that the rank got busy
+                    wait = min(wait, WATCH_EVERY)
                 try:
                     carried.append(self.inbox.get(timeout=wait))
                 except queue.Empty:
@@ -552,12 +561,6 @@ class CommExecutor:
 
     def close(self) -> None:
         self._transport.close()
-
-
-def _test_any(requests: list) -> bool:
-    """Whether one of ``requests`` completed: now, or before (MPI set it to the null
-    request, which ``Testany`` passes over)."""
-    return not all(requests) or requests[0].Testany(requests)[1]
 
 
 def _precise_sleeps() -> None:

@@ -147,7 +147,11 @@ def _clock(
     runs = max(1, min(config.train.steps, SIMULATED_STEPS) // per_run)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
-    polled = _polled(config, plan, wiring, node, model.cores)
+    polled = (
+        _polled(config, plan, wiring, node, model.cores)
+        if orders is not None  # replayed; a run in dynamic order keeps every rank's transport thread
+        else frozenset(range(plan.world) if plan.world > 1 else ())
+    )
     host = Host(
         process,
         [node[r] for r in process],
