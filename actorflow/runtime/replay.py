@@ -32,10 +32,11 @@ against 65-69k for the same stages in a bare MPI pipeline of one thread a rank.
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from ..errors import RankError
@@ -227,13 +228,11 @@ class Replay:
         bases = list(self.counts)
         first = self.steps
         self.steps += steps
-        if self.rider >= 0:  # its rider picks it up as it starts its own part of the run
-            comm = self.streams[self.comm]
-            assert isinstance(comm, CommReplay), "the communication stream is a CommReplay"
-            comm.runs.append(Run(steps, first, bases, [s.start for s in spans], spans[self.comm]))
-        for stream in self.streams:
-            if self.sizes[stream.index] and stream.index != self.rider_comm:
-                stream.commands.put(Run(steps, first, bases, [s.start for s in spans], spans[stream.index]))
+        starts = [s.start for s in spans]
+        # a ridden stream's run first: its rider picks it up as it starts its own part
+        for stream in sorted(self.streams, key=lambda s: s.index != self.rider_comm):
+            if self.sizes[stream.index]:
+                stream.hand(Run(steps, first, bases, starts, spans[stream.index]))
 
     def poke(self) -> None:
         """From a stream's thread other than the rider's: the rider or the communication
@@ -402,6 +401,10 @@ class ReplayStream:
         self.plan_stream = plan_stream
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
 
+    def hand(self, run: Run) -> None:
+        """Give this stream a run to replay."""
+        self.commands.put(run)
+
     def _serve(self) -> None:
         replay = self.replay
         if replay.gpus is not None:
@@ -439,7 +442,8 @@ class ReplayStream:
         traced = replay.traced
         steps, bases, starts = run.steps, run.bases, run.starts
         clock = time.perf_counter
-        ridden = streams[comm] if replay.rider == me else None
+        rider = replay.rider
+        ridden = streams[comm] if rider == me else None
         assert ridden is None or isinstance(ridden, CommReplay), "a rider drives a CommReplay"
         if ridden is not None:
             ridden.turn()
@@ -485,7 +489,7 @@ class ReplayStream:
                 for w in wakes:
                     waiting = streams[w].waiting
                     if waiting is not None and waiting[0] == me and done >= waiting[1]:
-                        if replay.rider < 0 or w not in (comm, replay.rider):
+                        if rider < 0 or w not in (comm, rider):
                             inboxes[w].put(WAKE)
                         elif ridden is not None:
                             ridden.turn()
@@ -521,12 +525,7 @@ class ReplayStream:
             if counts[stream] >= need or (alone and need - 1 in ended):
                 return True
             if ridden.live:
-                requests = [request for request, _ in ridden.live.values()]
-                MPI = ridden.transport.MPI
-                try:
-                    ridden.transport.wait(requests, replay.is_poked, every=False)
-                except MPI.Exception as exc:
-                    raise RankError(f"rank {ridden.transport.rank}: MPI failed: {exc}") from None
+                ridden.wait(replay.is_poked)
                 continue
             replay.sleeping = True
             if not replay.poked:
@@ -613,6 +612,14 @@ class CommReplay(ReplayStream):
                 return g
         return self.started
 
+    def hand(self, run: Run) -> None:
+        """Give this stream a run: through the transport's inbox, or to its rider, who
+        picks it up at its next ``turn``."""
+        if self.ridden:
+            self.runs.append(run)
+        else:
+            self.commands.put(run)
+
     def turn(self) -> None:
         """On its rider's thread: start what can start (a run handed over included)."""
         self._turn(())
@@ -621,16 +628,28 @@ class CommReplay(ReplayStream):
         """On its rider's thread: end the instructions whose requests completed; whether
         any did."""
         live = self.live
-        MPI = self.transport.MPI
-        try:
-            MPI.Request.Testsome([request for request, _ in live.values()])
-        except MPI.Exception as exc:
-            raise RankError(f"rank {self.transport.rank}: MPI failed: {exc}") from None
+        with self._mpi_failures():
+            self.transport.MPI.Request.Testsome([request for request, _ in live.values()])
         ended = [(g, done) for g, (request, done) in live.items() if not request]  # MPI nulls them
         for g, done in ended:
             del live[g]
             done(None)
         return bool(ended)
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        """On its rider's thread: wait until one of its requests in flight completed, or
+        ``until()``, as a collective waits (``Transport.wait``)."""
+        with self._mpi_failures():
+            self.transport.wait([request for request, _ in self.live.values()], until, every=False)
+
+    @contextlib.contextmanager
+    def _mpi_failures(self) -> Iterator[None]:
+        """An MPI error on the rider's thread fails the rank, as on the transport's."""
+        MPI = self.transport.MPI
+        try:
+            yield
+        except MPI.Exception as exc:
+            raise RankError(f"rank {self.transport.rank}: MPI failed: {exc}") from None
 
     def _turn(self, messages: Iterable[Any]) -> None:
         """A turn of the transport's loop that heard news (runs handed over, wake-ups, ended

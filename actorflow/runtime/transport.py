@@ -411,9 +411,9 @@ class Transport:
                 watching = bool(self._blocked) and not self.spare_core  # until the rank gets busy
                 if watching and self.busy():
                     self.wake()
-                if self._collecting and (self._live or watching):
+                if self._collecting and self._live:
                     # a collective's thread polls MPI, which moves every request's data: only
-                    # notice the ends (and whether the rank got busy) now and then
+                    # notice the ends now and then
                     backoff = wait = WATCH_EVERY
                 elif self._live:
                     if self.stays():
@@ -425,7 +425,7 @@ class Transport:
                     backoff = wait = MIN_BACKOFF if news else min(2 * backoff, most)
                 else:  # nothing to poll: sleep until new work or the control messages' turn
                     backoff, wait = MIN_BACKOFF, next_control - now
-                if watching:  # a rider waits inside MPI: notice soon that the rank got busy
+                if watching:  # a thread waits inside MPI: notice soon that the rank got busy
                     wait = min(wait, WATCH_EVERY)
                 try:
                     carried.append(self.inbox.get(timeout=wait))

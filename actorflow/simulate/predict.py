@@ -23,7 +23,7 @@ import json
 import os
 import statistics
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -110,16 +110,20 @@ def work(plan: Plan, model: CostModel, micro_batches: int) -> float:
     )
 
 
-def _polled(config: Config, plan: Plan, wiring: Wiring, node: Sequence[int], cores: int) -> frozenset[int]:
+def _polled(
+    config: Config, plan: Plan, wiring: Wiring, node: Sequence[int], cores: int, replayed: bool = True
+) -> frozenset[int]:
     """The ranks where a thread polls beside their streams all along: the transport's,
     where the rank's one compute stream does not ride its communication stream
-    (``program.rider``; nor does it where the rank may survive another's loss), and the
-    rider itself where its node has fewer cores than ranks (it then polls with back-off
-    rather than wait inside MPI, ``Transport.stays``)."""
+    (``program.rider``; nor does it where the rank may survive another's loss, or in a
+    run not ``replayed``), and the rider itself where its node has fewer cores than
+    ranks (it then polls with back-off rather than wait inside MPI, ``Transport.stays``)."""
     if plan.world == 1:
         return frozenset()
+    if not replayed:
+        return frozenset(range(plan.world))
     losable = survival.losable(config, plan)
-    crowded = {n for n in node if node.count(n) > cores}
+    crowded = {n for n, ranks in Counter(node).items() if ranks > cores}
     kinds: dict[int, list[str | None]] = defaultdict(list)
     for s in wiring.streams:
         kinds[s.stream.rank].append(s.stream.kind if s.units else None)
@@ -147,11 +151,7 @@ def _clock(
     runs = max(1, min(config.train.steps, SIMULATED_STEPS) // per_run)
     node = rank_nodes(plan, model)
     process = [s.stream.rank for s in wiring.streams]
-    polled = (
-        _polled(config, plan, wiring, node, model.cores)
-        if orders is not None  # replayed; a run in dynamic order keeps every rank's transport thread
-        else frozenset(range(plan.world) if plan.world > 1 else ())
-    )
+    polled = _polled(config, plan, wiring, node, model.cores, replayed=orders is not None)
     host = Host(
         process,
         [node[r] for r in process],

@@ -82,8 +82,8 @@ MUTANTS = [
         "rider-waits-for-every-request",
         "a rank's rider waits for all its sends and receives in flight, not for the first to end",
         REPLAY,
-        "ridden.transport.wait(requests, replay.is_poked, every=False)",
-        "ridden.transport.wait(requests, replay.is_poked, every=True)",
+        "self.transport.wait([request for request, _ in self.live.values()], until, every=False)",
+        "self.transport.wait([request for request, _ in self.live.values()], until, every=True)",
         ("tests/test_ranks.py",),
     ),
     Mutant(
