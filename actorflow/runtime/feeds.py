@@ -34,6 +34,8 @@ class FeedCheck:
         self._local = [f.name for f in plan.feeds if plan.rank_of(plan.actors[f.actor].device) == rank]
         self._specs = {f.name: f for f in plan.feeds}
         self._dtypes = {f.name: np.dtype(f.dtype) for f in plan.feeds}
+        self._exact = set(self._local)
+        self._expected = [(name, self._specs[name].shape, self._dtypes[name]) for name in self._local]
 
     def check(self, feeds: Feeds | Sequence[Feeds] | CheckedFeeds | None) -> CheckedFeeds:
         if isinstance(feeds, CheckedFeeds):
@@ -61,6 +63,10 @@ class FeedCheck:
         """This rank's feeds, checked: each placeholder of its devices must be given, by its
         own name or, for a part of a logical feed, by the logical name (split here). Feeds
         of other ranks' devices are accepted and left alone."""
+        if feeds.__class__ is dict and feeds.keys() == self._exact:
+            arrays = self._as_expected(feeds)
+            if arrays is not None:
+                return arrays
         where = "" if iteration is None else f"iteration {iteration}: "
         if not isinstance(feeds, Mapping):
             raise FeedError(f"{where}feeds are a dict of name -> array, not {type(feeds).__name__}")
@@ -86,5 +92,18 @@ class FeedCheck:
                     f"{where}feed {name!r} is {array.dtype.name}{list(array.shape)}, "
                     f"the placeholder wants {spec.dtype}{list(spec.shape)}"
                 )
+            arrays[name] = array
+        return arrays
+
+    def _as_expected(self, feeds: dict[str, Any]) -> dict[str, np.ndarray] | None:
+        """The common case's check: exactly this rank's placeholders, each an array of its
+        shape and dtype; None for anything else, which ``_one`` checks in full (and says
+        what is wrong). Every iteration's feeds are checked before a run starts: for
+        ``benchmarks/overhead.py``'s chains, 0.9 µs an iteration against 7 µs in full."""
+        arrays = {}
+        for name, shape, dtype in self._expected:
+            array = feeds[name]
+            if array.__class__ is not np.ndarray or array.shape != shape or array.dtype != dtype:
+                return None
             arrays[name] = array
         return arrays

@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (28 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (29 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -264,6 +264,14 @@ MUTANTS = [
         "else config.train.steps_per_run",
         "else 1",
         ("tests/test_pipeline.py",),
+    ),
+    Mutant(
+        "feed-check-takes-any-dtype",
+        "the quick feed check takes an array of the placeholder's shape in any dtype",
+        "actorflow/runtime/feeds.py",
+        "array.shape != shape or array.dtype != dtype:",
+        "array.shape != shape:",
+        ("tests/test_runtime.py",),
     ),
 ]
 
