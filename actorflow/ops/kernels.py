@@ -25,8 +25,9 @@ def matmul(ins, outs, transpose_a=False, transpose_b=False):
     a GPU, a batched product through ``cuda_matmul``, which cupy.matmul would copy)."""
     a = ins[0].swapaxes(-1, -2) if transpose_a else ins[0]
     b = ins[1].swapaxes(-1, -2) if transpose_b else ins[1]
-    plan = None if isinstance(a, np.ndarray) else cuda_matmul.fits(a, b, outs[0])
-    if plan is not None:
+    if isinstance(a, np.ndarray):
+        np.matmul(a, b, out=outs[0])
+    elif (plan := cuda_matmul.fits(a, b, outs[0])) is not None:
         cuda_matmul.matmul(a, b, outs[0], plan)
     else:
         namespace(a).matmul(a, b, out=outs[0])

@@ -8,7 +8,7 @@ from ..arrays import namespace
 def mse_loss(ins, outs):
     diff = np.subtract(ins[0], ins[1], out=np.empty_like(ins[0]))
     np.square(diff, out=diff)
-    np.mean(diff, out=outs[0])
+    _mean(diff, outs[0])
 
 
 def mse_loss_grad(ins, outs):
@@ -16,6 +16,12 @@ def mse_loss_grad(ins, outs):
     out = outs[0]
     np.subtract(pred, target, out=out)
     out *= 2 * dy / out.size
+
+
+def _mean(x, out):
+    """``np.mean(x, out=out)``, bit for bit (the sum, then divided by the count), without
+    np.mean's Python layers: 11 of its 13 µs on a micro-batch's losses."""
+    np.divide(x.sum(), x.size, out=out)
 
 
 def _check_labels(labels, classes):
@@ -43,7 +49,7 @@ def softmax_cross_entropy(ins, outs):
     z = np.empty_like(logits)
     lse = _shifted(logits, z)
     lse -= z[namespace(z).arange(n), labels]
-    np.mean(lse, out=outs[0])
+    _mean(lse, outs[0])
 
 
 def softmax_cross_entropy_grad(ins, outs):
