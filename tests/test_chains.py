@@ -14,6 +14,9 @@ import actorflow as af
 import userfns
 from actorflow.compiler.chains import MAX_MEMBERS
 from actorflow.config import parse_config
+from actorflow.ops import kernels
+from actorflow.ops.chain import bind, chain
+from actorflow.ops.micro_batch import accumulate
 from actorflow.ops.registry import register
 from actorflow.training import compile_config
 from actorflow.training.data import step_feeds, synthetic_classification
@@ -118,6 +121,33 @@ def test_a_failing_part_names_the_fused_actor_and_its_own_line():
     notes = "\n".join(info.value.__notes__)
     assert "actor 'ok+boom' (op call+call)" in notes
     assert f"in part 'boom' of the fused chain, built at {boom_line}" in notes
+
+
+@pytest.mark.parametrize("phase", [0, 1])
+def test_a_bound_chain_calls_what_the_chain_calls_and_notes_a_failing_part_alike(phase):
+    """The runtime runs ``bind``'s generated function; the fallbacks that run parts on the
+    host run ``chain``: the same writes, the same note on the same part."""
+    rng = np.random.default_rng(phase)
+    parts = (
+        (kernels.add, {}, (0, 1), (0,), False, "a", "line a"),
+        (accumulate, {"micro_batches": 2}, (~0,), (1,), True, "b", "line b"),
+        (kernels.matmul, {"transpose_b": True}, (~0, 2), (2,), False, "c", "line c"),
+    )
+    ins = [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), phase]
+    start = [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), np.zeros((3, 5))]
+    ours, theirs = [o.copy() for o in start], [o.copy() for o in start]
+    bind(parts)(ins, ours)
+    chain(ins, theirs, parts)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(ours[2], (ins[0] + ins[1]) @ ins[2].T)
+    ins[2] = rng.standard_normal((5, 3))  # part c now fails
+    notes = []
+    for run in (bind(parts), lambda i, o: chain(i, o, parts)):
+        with pytest.raises(ValueError) as info:
+            run(ins, [o.copy() for o in start])
+        notes.append(info.value.__notes__)
+    assert notes[0] == notes[1] == ["actorflow: in part 'c' of the fused chain, built at line c"]
 
 
 def test_a_part_that_would_fail_every_act_is_refused_at_load():

@@ -202,8 +202,9 @@ def wire(
 
     def add_unit(name: str, actors: list[Actor]) -> Unit:
         first = actors[0]
-        kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
-        unit = Unit(len(units), name, first.priority, [members[a.id] for a in actors], kernel)
+        unit = Unit(
+            len(units), name, first.priority, [members[a.id] for a in actors], _bound(first, allocate)
+        )
         units.append(unit)
         return unit
 
@@ -292,6 +293,16 @@ def _allocate(
         return [np.zeros(r.shape, r.dtype) for _ in range(r.quota)]
 
     return [buffers(r) for r in plan.registers]
+
+
+def _bound(actor: Actor, runs: bool) -> Callable:
+    """The actor's kernel with its attributes bound: where it ``runs`` (not in a simulated
+    run, which calls no kernel), by the kernel's own ``bind`` where it has one (a fused
+    chain's, ``ops.chain.bind``, generated), else as a partial."""
+    if not actor.attrs:
+        return actor.kernel
+    bind = getattr(actor.kernel, "bind", None) if runs else None
+    return bind(**actor.attrs) if bind is not None else functools.partial(actor.kernel, **actor.attrs)
 
 
 def _read_only(buffer: Any) -> Any:
