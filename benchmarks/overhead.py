@@ -20,7 +20,12 @@
 (e) a run's own cost, for a program that runs one iteration at a time: a ``Session.run``
     of one iteration of a one-actor plan (a no-op ``call``), run after run, against a
     thread ping-pong round trip (the least a hand-over to another thread and back costs:
-    the run wakes the stream's thread, which wakes the caller).
+    the run wakes the stream's thread, which wakes the caller);
+(f) a training step's host cost: configs/default.yaml's model at widths 4 (a batch of
+    16), whose kernels cost next to nothing, so what is left is calling them and handing
+    off between streams; on one device and on its 2 stages in one process, run as
+    ``train`` runs it (steps_per_run steps a ``Session.run``), against the same model's
+    plain numpy loop at those widths on one thread (``numpy_stages``).
 
 Every figure is the median of several runs, each measured beside its baseline in the
 same process. Run: python benchmarks/overhead.py [--repeats 5] [--quick]
@@ -40,7 +45,15 @@ import time
 import numpy as np
 
 import actorflow as af
+import numpy_stages  # benchmarks/ is on sys.path when this script runs
+from actorflow.config import load_config
 from actorflow.text import columns
+from actorflow.training import compile_config
+from actorflow.training.data import dataset, step_feeds
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["model.sizes=[4, 4, 4, 4, 2]", "train.batch_size=16"]
+"""(f)'s overrides of configs/default.yaml."""
 
 
 def noop(a: np.ndarray) -> np.ndarray:
@@ -229,6 +242,28 @@ def run_cost(runs: int, repeats: int) -> tuple[float, float]:
     return statistics.median(ours), statistics.median(trips)
 
 
+def step_cost(stages: list[str], runs: int, repeats: int) -> tuple[float, float]:
+    """(µs a step of actorflow, µs a step of the plain numpy loop), medians, for (f): the
+    default model at widths 4 on ``stages`` (a ``parallel.stages`` value)."""
+    config = load_config(os.path.join(REPO, "configs", "default.yaml"), [*TINY, f"parallel.stages={stages}"])
+    per_run = config.train.steps_per_run
+    data = dataset(config)
+    feeds = [f for step in range(per_run) for f in step_feeds(config, data, step)]
+    shape = (config.model.sizes, [config.layers], config.train.batch_size, config.parallel.micro_batches)
+    ours, plain = [], []
+    with af.Session(compile_config(config)) as session:
+        for _ in range(5):
+            session.run(feeds)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(runs):
+                session.run(feeds)
+            ours.append((time.perf_counter() - start) / (runs * per_run) * 1e6)
+            samples = numpy_stages.rate("thread", *shape, runs * per_run)
+            plain.append(config.train.batch_size / samples * 1e6)
+    return statistics.median(ours), statistics.median(plain)
+
+
 def in_flight(length: int, size: int, iterations: int, quota: int) -> int:
     plan = matmul_chain(length, size, 2, quota)
     x = np.zeros((size, size), np.float32)
@@ -274,6 +309,10 @@ def main() -> int:
     chains = {case: two_devices(case[0], args.size, args.steps, 2, args.repeats, case[1]) for case in cases}
     held = {q: in_flight(args.lengths[0], args.size, max(args.steps // 4, 8), q) for q in (1, 2, 3)}
     us_run, us_trip = run_cost(args.iterations, args.repeats)
+    placements = {"1 device": "[cpu:0]", "2 stages in one process": "[cpu:0, cpu:1]"}
+    steps = {
+        name: step_cost(stages, args.iterations // 40, args.repeats) for name, stages in placements.items()
+    }
 
     rows = []
     for q, (us_act, us_dynamic, us_plain) in overhead.items():
@@ -341,6 +380,15 @@ def main() -> int:
             f"{us_run / us_trip:.1f}x",
         )
     )
+    rows += [
+        (
+            f"(f) a training step's host cost: default.yaml's model at widths 4, {name}",
+            f"{ours:.0f} us/step",
+            f"{plain:.0f} us/step (plain numpy loop)",
+            f"{ours / plain:.2f}x",
+        )
+        for name, (ours, plain) in steps.items()
+    ]
     print("\n".join(columns([("measure", "actorflow", "baseline", "ratio"), *rows])))
     return 0
 
