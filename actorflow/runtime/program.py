@@ -66,14 +66,21 @@ class Program:
     blocks: list[list[Entry]]
     waits: list[list[tuple[tuple[int, int], ...]]]
     wakes: list[list[tuple[int, ...]]]
+    edges: list[tuple[int, int] | None] = attrs.field(init=False)
+    """Per stream, the first and last step its block 0 runs an act for (None: no acts),
+    which every run's ``span`` reads (worked out at each run, a 1-step run's fifth)."""
+
+    @edges.default
+    def _edges(self) -> list[tuple[int, int] | None]:
+        return [(min(e.step for e in b), max(e.step for e in b)) if b else None for b in self.blocks]
 
     def span(self, k: int, steps: int) -> range:
         """The blocks of stream k a run of ``steps`` steps runs (some of their acts,
         at the edges, fall outside the run and are skipped)."""
-        block = self.blocks[k]
-        if not block:
+        edges = self.edges[k]
+        if edges is None:
             return range(0)
-        lo, hi = min(e.step for e in block), max(e.step for e in block)
+        lo, hi = edges
         return range(-(hi // self.period), (steps - 1 - lo) // self.period + 1)
 
 
