@@ -311,7 +311,8 @@ def main() -> int:
     us_run, us_trip = run_cost(args.iterations, args.repeats)
     placements = {"1 device": "[cpu:0]", "2 stages in one process": "[cpu:0, cpu:1]"}
     steps = {
-        name: step_cost(stages, args.iterations // 40, args.repeats) for name, stages in placements.items()
+        name: step_cost(stages, max(1, args.iterations // 40), args.repeats)
+        for name, stages in placements.items()
     }
 
     rows = []

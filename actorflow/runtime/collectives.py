@@ -22,6 +22,7 @@ import numpy as np
 
 from ..plan import Actor, Collective, Plan
 from .transport import Transport
+from .wiring import bound
 
 
 class Across:
@@ -123,7 +124,7 @@ class _Gathering:
         comm: Any,
     ) -> None:
         first = actors[0]
-        self.kernel = functools.partial(first.kernel, **first.attrs) if first.attrs else first.kernel
+        self.kernel = bound(first)
         self.transport = transport
         self.comm = comm
         self.local = [plan.rank_of(a.device) == rank for a in actors]

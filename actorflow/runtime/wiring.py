@@ -202,9 +202,7 @@ def wire(
 
     def add_unit(name: str, actors: list[Actor]) -> Unit:
         first = actors[0]
-        unit = Unit(
-            len(units), name, first.priority, [members[a.id] for a in actors], _bound(first, allocate)
-        )
+        unit = Unit(len(units), name, first.priority, [members[a.id] for a in actors], bound(first, allocate))
         units.append(unit)
         return unit
 
@@ -295,13 +293,13 @@ def _allocate(
     return [buffers(r) for r in plan.registers]
 
 
-def _bound(actor: Actor, runs: bool) -> Callable:
+def bound(actor: Actor, runs: bool = True) -> Callable:
     """The actor's kernel with its attributes bound: where it ``runs`` (not in a simulated
-    run, which calls no kernel), by the kernel's own ``bind`` where it has one (a fused
-    chain's, ``ops.chain.bind``, generated), else as a partial."""
+    run, which calls no kernel), by the kernel's own ``actorflow_bind`` where it has one
+    (a fused chain's, ``ops.chain.bind``, generated), else as a partial."""
     if not actor.attrs:
         return actor.kernel
-    bind = getattr(actor.kernel, "bind", None) if runs else None
+    bind = getattr(actor.kernel, "actorflow_bind", None) if runs else None
     return bind(**actor.attrs) if bind is not None else functools.partial(actor.kernel, **actor.attrs)
 
 

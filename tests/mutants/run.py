@@ -277,8 +277,8 @@ MUTANTS = [
         "bound-chain-notes-the-next-part",
         "a bound chain's failure is noted on the part after the one that failed",
         "actorflow/ops/chain.py",
-        "code=bound.__code__, first=3)",
-        "code=bound.__code__, first=2)",
+        'lines += [f"        p = {p}",',
+        'lines += [f"        p = {p + 1}",',
         ("tests/test_chains.py",),
     ),
 ]
