@@ -148,6 +148,7 @@ def test_a_bound_chain_calls_what_the_chain_calls_and_notes_a_failing_part_alike
             run(ins, [o.copy() for o in start])
         notes.append(info.value.__notes__)
     assert notes[0] == notes[1] == ["actorflow: in part 'c' of the fused chain, built at line c"]
+    assert bind(())(ins, start) is None  # no parts: nothing to call, as chain calls nothing
 
 
 def test_a_part_that_would_fail_every_act_is_refused_at_load():
