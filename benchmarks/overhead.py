@@ -231,18 +231,22 @@ def run_cost(runs: int, repeats: int) -> tuple[float, float]:
     feed = {"x": np.ones(1, np.float32)}
     ours, trips = [], []
     with af.Session(noop_chain(1, 2)) as session:
-        for _ in range(50):
-            session.run(feed)
+        seconds_a_run(session, feed, 50)
         for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(runs):
-                session.run(feed)
-            ours.append((time.perf_counter() - start) / runs * 1e6)
+            ours.append(seconds_a_run(session, feed, runs) * 1e6)
             trips.append(ping_pong(runs))
     return statistics.median(ours), statistics.median(trips)
 
 
-def step_cost(stages: list[str], runs: int, repeats: int) -> tuple[float, float]:
+def seconds_a_run(session: af.Session, feeds: dict | list[dict], runs: int) -> float:
+    """Seconds per ``session.run(feeds)``, over ``runs`` runs one after another."""
+    start = time.perf_counter()
+    for _ in range(runs):
+        session.run(feeds)
+    return (time.perf_counter() - start) / runs
+
+
+def step_cost(stages: str, runs: int, repeats: int) -> tuple[float, float]:
     """(µs a step of actorflow, µs a step of the plain numpy loop), medians, for (f): the
     default model at widths 4 on ``stages`` (a ``parallel.stages`` value)."""
     config = load_config(os.path.join(REPO, "configs", "default.yaml"), [*TINY, f"parallel.stages={stages}"])
@@ -252,13 +256,9 @@ def step_cost(stages: list[str], runs: int, repeats: int) -> tuple[float, float]
     shape = (config.model.sizes, [config.layers], config.train.batch_size, config.parallel.micro_batches)
     ours, plain = [], []
     with af.Session(compile_config(config)) as session:
-        for _ in range(5):
-            session.run(feeds)
+        seconds_a_run(session, feeds, 5)
         for _ in range(repeats):
-            start = time.perf_counter()
-            for _ in range(runs):
-                session.run(feeds)
-            ours.append((time.perf_counter() - start) / (runs * per_run) * 1e6)
+            ours.append(seconds_a_run(session, feeds, runs) / per_run * 1e6)
             samples = numpy_stages.rate("thread", *shape, runs * per_run)
             plain.append(config.train.batch_size / samples * 1e6)
     return statistics.median(ours), statistics.median(plain)
