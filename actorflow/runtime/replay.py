@@ -20,8 +20,8 @@ and they end in any order, so a wait on one of them is a wait on that one alone.
 (``actorflow launch -n 2 -- actorflow run configs/default.yaml``), its critical path
 from 53-56% to 36% between kernels.
 
-Where the rank replays one compute stream (``_rider``), that stream's thread drives the
-communication stream itself (it "rides" it): it starts its sends and receives when their
+Where the rank replays a compute stream (``_rider``: its first), that stream's thread
+drives the communication stream itself (it "rides" it): it starts its sends and receives when their
 turn comes, ends those that completed after each kernel, and waits for the first of them
 to end when it has nothing else to run (``ReplayStream._ride``). Before, the transport's
 thread polled beside the kernels and took the rank's one core from them (a stage's
@@ -790,14 +790,14 @@ class CommReplay(ReplayStream):
 
 def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: Gpus | None) -> int:
     """The stream whose thread drives the rank's communication stream, or -1 (its
-    transport's thread does; ``program.rider``). Where the rank runs one stream of
-    kernels (a stage of a pipeline over ranks), that stream's thread starts the sends and receives as their
-    turn comes and, when it waits on one, waits inside MPI, as a bare MPI program's one
-    thread does: no hand-off to the transport's thread and back per transfer, and no
-    thread polling beside the kernels. Not over GPUs, nor where this rank may survive the
+    transport's thread does; ``program.rider``). Where the rank runs a stream of kernels
+    (a stage of a pipeline over ranks; the first, of a rank of several devices), that
+    stream's thread starts the sends and receives as their turn comes and, when it waits
+    on one, waits inside MPI, as a bare MPI program's one thread does: no hand-off to the
+    transport's thread and back per transfer, and no thread polling beside the kernels. Not over GPUs, nor where this rank may survive the
     loss of another (the transport's thread tells a lost peer's failed request from
-    other MPI errors). A copy stream's thread (a fetch of what came from another rank)
-    waits on the communication stream as before."""
+    other MPI errors). The other streams' threads (another device's compute stream, a fetch of
+    what came from another rank) wait on the communication stream as before."""
     if transport is None or gpus is not None or transport.losable:
         return -1
     return rider([s.stream.kind if program.blocks[k] else None for k, s in enumerate(wiring.streams)])

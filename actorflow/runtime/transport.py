@@ -1,6 +1,6 @@
 """The transport between ranks: a thread per process that makes its MPI calls, but for
 the collectives over ranks, which their own stream's thread makes, and the sends and
-receives of a rank whose one compute stream rides its communication stream
+receives of a rank whose compute stream rides its communication stream
 (``replay._rider``), which that stream's thread makes (waiting as a collective does).
 
 Stream threads and the trio thread hand the transport thread a function that starts a

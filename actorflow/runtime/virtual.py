@@ -20,7 +20,7 @@ With a ``Host``, the streams are threads of processes on machines, as on CPUs:
   once slow each other down as much as two; with 1, each act more as much again (the
   measured runs of four devices in one process lie between). In a rank's process the
   transport thread polls beside the streams all along, so an act there never runs
-  alone, but where the rank's one compute stream rides its communication stream
+  alone, but where the rank's compute stream rides its communication stream
   (``program.rider``) on a node with a core per rank;
 - a thread that was idle and is woken while another thread of its process runs acts
   back to back waits for the GIL: CPython hands it over when the running thread blocks

@@ -114,7 +114,7 @@ def _polled(
     config: Config, plan: Plan, wiring: Wiring, node: Sequence[int], cores: int, replayed: bool = True
 ) -> frozenset[int]:
     """The ranks where a thread polls beside their streams all along: the transport's,
-    where the rank's one compute stream does not ride its communication stream
+    where no compute stream of the rank rides its communication stream
     (``program.rider``; nor does it where the rank may survive another's loss, or in a
     run not ``replayed``), and the rider itself where its node has fewer cores than
     ranks (it then polls with back-off rather than wait inside MPI, ``Transport.stays``)."""
