@@ -133,6 +133,15 @@ class TestTrainingOnTwoRanksEqualsOneProcess:
         assert status == "ok", got
         assert_same_training(got, trained(path, *sets))
 
+    def test_two_devices_a_rank_match(self, pair):
+        """2x2.yaml's four devices, two a rank: each rank's first compute stream rides its
+        sends and receives, and the other wakes it (``program.rider``)."""
+        sets = ["train.steps=10", "model.dtype=float64"]
+        path = str(ranks.REPO / "configs/2x2.yaml")
+        status, got = pair.run(("train", path, sets))
+        assert status == "ok", got
+        assert_same_training(got, trained(path, *sets))
+
     @pytest.mark.parametrize(
         "sets",
         [
