@@ -168,6 +168,66 @@ def test_a_wait_for_one_of_several_requests_ends_when_more_than_one_ended():
     assert json.loads(done.stdout) == [True, True, False]
 
 
+BESIDE_A_COLLECTIVE = """
+import json, threading, time
+import trio
+from actorflow.runtime.transport import Transport
+transport = Transport(1)
+trio.run(transport.connect, [], b"")
+transport.busy = lambda: False  # idle, a core per rank: a wait would stay in MPI
+transport.start()
+comm = transport.MPI.COMM_SELF
+blocked = []  # the threads that blocked in MPI
+block = transport._block
+
+
+def spy(requests, until, every):
+    blocked.append(threading.current_thread().name)
+    block(requests, until, every)
+
+
+transport._block = spy
+inside = threading.Event()
+
+
+def collective():
+    with transport.collective():
+        inside.set()
+        transport.wait(comm.Irecv(bytearray(1), source=0, tag=1))
+
+
+thread = threading.Thread(target=collective, name="collective")
+thread.start()
+inside.wait()
+time.sleep(0.05)
+threading.Timer(0.2, lambda: comm.Send(b"r", dest=0, tag=2)).start()
+start = time.monotonic()
+transport.wait(comm.Irecv(bytearray(1), source=0, tag=2), every=False)  # the rider's
+rider = time.monotonic() - start
+comm.Send(b"c", dest=0, tag=1)
+thread.join(10)
+transport.close()
+print(json.dumps([blocked, rider]))
+"""
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(60)
+def test_a_rider_leaves_mpi_to_a_collective_in_flight_and_still_sees_its_transfer_end():
+    """A thread waiting on its own transfer (a rider) while a collective over ranks is in
+    MPI on another thread waits out of MPI (two threads in MPI on a rank's core took turns
+    there, and the collective took twice as long); the collective's calls move the
+    transfer, and the rider sees it end within a watch."""
+    pytest.importorskip("mpi4py")
+    done = subprocess.run(
+        [sys.executable, "-c", BESIDE_A_COLLECTIVE], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    blocked, rider = json.loads(done.stdout)
+    assert blocked == ["collective"], done.stdout
+    assert 0.19 < rider < 1.0, done.stdout
+
+
 @pytest.mark.parametrize(
     ("cores_per_rank", "busy", "stays"),
     [(2.0, True, True), (1.0, False, True), (1.0, True, False), (0.5, False, False), (0.5, True, False)],

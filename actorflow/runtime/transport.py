@@ -42,7 +42,9 @@ its node, from MPI's shared-memory split) holds the threads ``busy`` speaks for
 (``threads``) and one more.
 Meanwhile that thread's MPI calls move every request's data, so the transport thread
 looks at its own requests only every ``WATCH_EVERY``, and polls them at once when the
-collective ends. Spinning on ``Test`` in Python instead would hold the GIL between the
+collective ends. A rider waiting on its own transfers meanwhile does the same, out of
+MPI (``_leave_mpi``): beside it, blocked in MPI or polling, a 16 MiB all-reduce took
+twice as long. Spinning on ``Test`` in Python instead would hold the GIL between the
 calls: the rank's other threads then waited up to the switch interval (5 ms) for each
 turn, and the transport thread was seen to start a send 85 ms late; blocked in MPI, the
 thread holds no GIL.
@@ -164,6 +166,7 @@ class Transport:
         self._cores_per_rank = 0.0
         self._collecting: set[int] = set()  # the threads inside ``collective`` (their idents)
         self._blocked: set[int] = set()  # the wake-up tags of those inside ``_block``, till ``wake``
+        self._nudged = threading.Event()  # set by ``wake`` and a collective's end: see ``_leave_mpi``
         self._wakes: Any = None  # this process alone: where ``wake`` sends
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         """What this thread reads: work to start (``submit``), and messages for the
@@ -248,10 +251,12 @@ class Transport:
         polling to that thread."""
         me = threading.get_ident()
         self._collecting.add(me)
+        self.wake()  # a rider waiting inside MPI leaves it to the collective (``_may_block``)
         try:
             yield
         finally:
             self._collecting.discard(me)
+            self._nudged.set()
             if self._live and not self._collecting:  # poll them now, not at the next watch
                 self.submit(_no_requests, None)
 
@@ -272,13 +277,39 @@ class Transport:
                 raise RankError(
                     f"rank {self.rank} stopped while a transfer or a collective over ranks was in flight"
                 )
-            if self.stays():
+            if self._may_block():
                 self._block(requests, until, every)
                 backoff = MIN_BACKOFF
+                continue
+            if self._collective_elsewhere():
+                self._leave_mpi(until)
                 continue
             _precise_sleeps_once()
             time.sleep(backoff)
             backoff = min(2 * backoff, MOVING_BACKOFF)
+
+    def _may_block(self) -> bool:
+        """Whether the calling thread's wait stays in MPI: where the rank ``stays``, and no
+        collective over ranks is in MPI on another thread (``_collective_elsewhere``)."""
+        return self.stays() and not self._collective_elsewhere()
+
+    def _collective_elsewhere(self) -> bool:
+        """Whether a collective over ranks is in MPI on another thread, this one (a rider)
+        not in one."""
+        collecting = self._collecting
+        return bool(collecting) and threading.get_ident() not in collecting
+
+    def _leave_mpi(self, until: Callable[[], bool]) -> None:
+        """A rider's wait while a collective is in MPI on another thread: out of MPI, as the
+        transport's thread leaves it to the collective, until the collective ended, a
+        ``wake`` (``until()`` may have come true) or ``WATCH_EVERY``. The collective's own
+        calls move the rider's transfers meanwhile. A rider blocked in MPI beside it, or
+        polling it, took turns in MPI with it on the rank's core: a 16 MiB all-reduce
+        took twice as long (``benchmarks/ranks.py`` (a): 13.9-16.0 ms, against 5.5-7.3 ms
+        with the transport's thread serving the transfers)."""
+        self._nudged.clear()
+        if self._collective_elsewhere() and not until() and not self._closed:
+            self._nudged.wait(WATCH_EVERY)
 
     def _test_any(self, requests: list) -> bool:
         """Whether one of ``requests`` completed: now, or before (MPI set it to the null
@@ -294,7 +325,7 @@ class Transport:
         tag = _own_tag()
         wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
         self._blocked.add(tag)
-        woken = self._closed or not self.stays() or until()  # it may have changed before the wake saw us
+        woken = self._closed or not self._may_block() or until()  # it may have changed before the wake saw us
         pending = [*requests, wake]
         left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
         if not every:
@@ -491,7 +522,9 @@ class Transport:
         return listen
 
     def wake(self) -> None:
-        """Take every thread in ``_block`` out of MPI: a message to this process with its tag."""
+        """Take every thread in ``_block`` out of MPI (a message to this process with its
+        tag), and a rider out of ``_leave_mpi``."""
+        self._nudged.set()
         while self._blocked:
             try:
                 tag = self._blocked.pop()

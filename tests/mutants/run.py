@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (30 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (31 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -280,6 +280,14 @@ MUTANTS = [
         'lines += [f"        p = {p}",',
         'lines += [f"        p = {p + 1}",',
         ("tests/test_chains.py",),
+    ),
+    Mutant(
+        "rider-blocks-beside-a-collective",
+        "a rider's wait stays in MPI while a collective over ranks is in MPI on another thread",
+        "actorflow/runtime/transport.py",
+        "return self.stays() and not self._collective_elsewhere()",
+        "return self.stays()",
+        ("tests/test_transport.py",),
     ),
 ]
 
