@@ -241,7 +241,7 @@ class Replay:
         if self.sleeping:
             self.inboxes[self.rider].put(WAKE)
         assert self.transport is not None, "a rider drives a rank's communication stream"
-        self.transport.wake()
+        self.transport.wake(collectives=False)
 
     def is_poked(self) -> bool:
         """Whether a poke came since the rider last looked (its waits end on one)."""

@@ -165,7 +165,9 @@ class Transport:
         """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
         self._cores_per_rank = 0.0
         self._collecting: set[int] = set()  # the threads inside ``collective`` (their idents)
-        self._blocked: set[int] = set()  # the wake-up tags of those inside ``_block``, till ``wake``
+        self._blocked: dict[
+            int, bool
+        ] = {}  # the wake-up tags of those inside ``_block``, till ``wake``: whether in a collective
         self._nudged = threading.Event()  # set by ``wake`` and a collective's end: see ``_leave_mpi``
         self._wakes: Any = None  # this process alone: where ``wake`` sends
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -251,8 +253,8 @@ class Transport:
         polling to that thread."""
         me = threading.get_ident()
         self._collecting.add(me)
-        self.wake()  # a rider waiting inside MPI leaves it to the collective (``_may_block``)
         try:
+            self.wake(collectives=False)  # a rider waiting inside MPI leaves it to the collective
             yield
         finally:
             self._collecting.discard(me)
@@ -306,7 +308,8 @@ class Transport:
         calls move the rider's transfers meanwhile. A rider blocked in MPI beside it, or
         polling it, took turns in MPI with it on the rank's core: a 16 MiB all-reduce
         took twice as long (``benchmarks/ranks.py`` (a): 13.9-16.0 ms, against 5.5-7.3 ms
-        with the transport's thread serving the transfers)."""
+        with the transport's thread serving the transfers). A rank has one rider, so one
+        thread clears the event."""
         self._nudged.clear()
         if self._collective_elsewhere() and not until() and not self._closed:
             self._nudged.wait(WATCH_EVERY)
@@ -324,7 +327,7 @@ class Transport:
         the transport thread was seen to start a send 85 ms late so."""
         tag = _own_tag()
         wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
-        self._blocked.add(tag)
+        self._blocked[tag] = threading.get_ident() in self._collecting
         woken = self._closed or not self._may_block() or until()  # it may have changed before the wake saw us
         pending = [*requests, wake]
         left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
@@ -337,7 +340,7 @@ class Transport:
                 else:
                     left -= 1
         try:
-            self._blocked.remove(tag)
+            del self._blocked[tag]
         except KeyError:  # ``wake`` took it out: its message came, or comes
             pass
         else:
@@ -521,16 +524,20 @@ class Transport:
             listen = self.control.Irecv(notice, source=self.MPI.ANY_SOURCE, tag=self.MPI.ANY_TAG)
         return listen
 
-    def wake(self) -> None:
+    def wake(self, collectives: bool = True) -> None:
         """Take every thread in ``_block`` out of MPI (a message to this process with its
-        tag), and a rider out of ``_leave_mpi``."""
+        tag), or (not ``collectives``) those outside a collective, and a rider out of
+        ``_leave_mpi``. A rider's pokes and a collective's start wake the rider alone: a
+        collective thread woken by each would go back into MPI, taking turns there with
+        no one."""
         self._nudged.set()
-        while self._blocked:
-            try:
-                tag = self._blocked.pop()
-            except KeyError:  # the last one left on its own meanwhile
-                return
-            self._wakes.Send(_NOTHING, dest=0, tag=tag)
+        for tag, collecting in list(self._blocked.items()):
+            if collectives or not collecting:
+                try:
+                    del self._blocked[tag]
+                except KeyError:  # it left on its own meanwhile
+                    continue
+                self._wakes.Send(_NOTHING, dest=0, tag=tag)
 
     def _loss(self, peer: int, text: str) -> RankError:
         """What losing rank ``peer`` is to this rank: a ``RankLost`` where it is ``losable``

@@ -117,17 +117,25 @@ def _polled(
     where no compute stream of the rank rides its communication stream
     (``program.rider``; nor does it where the rank may survive another's loss, or in a
     run not ``replayed``), and the rider itself where its node has fewer cores than
-    ranks (it then polls with back-off rather than wait inside MPI, ``Transport.stays``)."""
+    ranks, or where it rides beside other compute streams with no core to spare (it
+    then polls with back-off while they compute rather than wait inside MPI,
+    ``Transport.stays``)."""
     if plan.world == 1:
         return frozenset()
     if not replayed:
         return frozenset(range(plan.world))
     losable = survival.losable(config, plan)
-    crowded = {n for n, ranks in Counter(node).items() if ranks > cores}
+    per_rank = {n: cores / ranks for n, ranks in Counter(node).items()}
     kinds: dict[int, list[str | None]] = defaultdict(list)
     for s in wiring.streams:
         kinds[s.stream.rank].append(s.stream.kind if s.units else None)
-    return frozenset(r for r in range(plan.world) if losable or node[r] in crowded or rider(kinds[r]) < 0)
+
+    def polls(r: int) -> bool:
+        compute = kinds[r].count("compute")
+        crowded = per_rank[node[r]] < 1 or (compute > 1 and per_rank[node[r]] < compute + 1)
+        return bool(losable) or crowded or rider(kinds[r]) < 0
+
+    return frozenset(r for r in range(plan.world) if polls(r))
 
 
 Replayed = tuple[list[list[Unit]] | None, str]
