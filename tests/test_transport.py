@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -135,15 +136,29 @@ def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it
     assert len(ended) == 2 and max(ended) < 1.0, done.stdout
 
 
-ONE_OF = """
-import json
+IDLE_RANK = """
+import json, threading, time
 import trio
 from actorflow.runtime.transport import Transport
 transport = Transport(1)
 trio.run(transport.connect, [], b"")
-transport.busy = lambda: False  # idle, a core per rank: the wait stays in MPI
+transport.busy = lambda: False  # idle, a core per rank: a wait stays in MPI
 transport.start()
 comm = transport.MPI.COMM_SELF
+"""
+"""A script's start: a transport of one rank, started, whose waits stay in MPI."""
+
+
+def printed(script: str) -> Any:
+    """What ``script`` printed (JSON), run in a process of its own, where MPI starts."""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+ONE_OF = (
+    IDLE_RANK
+    + """
 received = [bytearray(1) for _ in range(3)]
 requests = [comm.Irecv(buffer, source=0, tag=tag) for tag, buffer in enumerate(received)]
 comm.Send(b"a", dest=0, tag=0)
@@ -153,6 +168,7 @@ ended = [not request for request in requests]
 transport.close()
 print(json.dumps(ended))
 """
+)
 
 
 @pytest.mark.xdist_group("mpi")
@@ -163,20 +179,12 @@ def test_a_wait_for_one_of_several_requests_ends_when_more_than_one_ended():
     which only this rank's next send would end (a parameter server over 2 ranks hung
     so)."""
     pytest.importorskip("mpi4py")
-    done = subprocess.run([sys.executable, "-c", ONE_OF], capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == [True, True, False]
+    assert printed(ONE_OF) == [True, True, False]
 
 
-BESIDE_A_COLLECTIVE = """
-import json, threading, time
-import trio
-from actorflow.runtime.transport import Transport
-transport = Transport(1)
-trio.run(transport.connect, [], b"")
-transport.busy = lambda: False  # idle, a core per rank: a wait would stay in MPI
-transport.start()
-comm = transport.MPI.COMM_SELF
+BESIDE_A_COLLECTIVE = (
+    IDLE_RANK
+    + """
 blocked = []  # the threads that blocked in MPI
 block = transport._block
 
@@ -209,6 +217,7 @@ thread.join(10)
 transport.close()
 print(json.dumps([blocked, rider]))
 """
+)
 
 
 @pytest.mark.xdist_group("mpi")
@@ -219,13 +228,9 @@ def test_a_rider_leaves_mpi_to_a_collective_in_flight_and_still_sees_its_transfe
     there, and the collective took twice as long); the collective's calls move the
     transfer, and the rider sees it end within a watch."""
     pytest.importorskip("mpi4py")
-    done = subprocess.run(
-        [sys.executable, "-c", BESIDE_A_COLLECTIVE], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, done.stderr
-    blocked, rider = json.loads(done.stdout)
-    assert blocked == ["collective"], done.stdout
-    assert 0.19 < rider < 1.0, done.stdout
+    blocked, rider = printed(BESIDE_A_COLLECTIVE)
+    assert blocked == ["collective"], (blocked, rider)
+    assert 0.19 < rider < 1.0, (blocked, rider)
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,9 @@ member's outputs, so the hand-offs between them cost nothing and happen on one t
 - ``name`` and ``where``: the member's actor and the user's line that built its op, which
   a member's failure names (the fused actor's own ``where`` is its first member's).
 
-``chain`` interprets the parts at every act. The runtime instead calls ``bind``'s function
-(``chain.actorflow_bind``), the same calls generated once as straight-line code (as torch.fx turns a
-graph into Python): about a microsecond less a part (the default model's kernels on
+``chain`` interprets the parts at every act. The runtime instead calls ``bind``'s
+function (``chain.actorflow_bind``), the same calls generated once as straight-line code
+(as torch.fx turns a graph into Python): about a microsecond less a part (the default model's kernels on
 tiny arrays, called back to back: 1,289 against 1,128 µs a step).
 """
 

@@ -21,9 +21,9 @@ and they end in any order, so a wait on one of them is a wait on that one alone.
 from 53-56% to 36% between kernels.
 
 Where the rank replays a compute stream (``_rider``: its first), that stream's thread
-drives the communication stream itself (it "rides" it): it starts its sends and receives when their
-turn comes, ends those that completed after each kernel, and waits for the first of them
-to end when it has nothing else to run (``ReplayStream._ride``). Before, the transport's
+drives the communication stream itself (it "rides" it): it starts its sends and receives
+when their turn comes, ends those that completed after each kernel, and waits for the
+first of them to end when it has nothing else to run (``ReplayStream._ride``). Before, the transport's
 thread polled beside the kernels and took the rank's one core from them (a stage's
 kernels ran up to twice as long); the same run went from 26-30k to 39-42k samples/s,
 against 65-69k for the same stages in a bare MPI pipeline of one thread a rank.
@@ -794,10 +794,11 @@ def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: 
     (a stage of a pipeline over ranks; the first, of a rank of several devices), that
     stream's thread starts the sends and receives as their turn comes and, when it waits
     on one, waits inside MPI, as a bare MPI program's one thread does: no hand-off to the
-    transport's thread and back per transfer, and no thread polling beside the kernels. Not over GPUs, nor where this rank may survive the
-    loss of another (the transport's thread tells a lost peer's failed request from
-    other MPI errors). The other streams' threads (another device's compute stream, a fetch of
-    what came from another rank) wait on the communication stream as before."""
+    transport's thread and back per transfer, and no thread polling beside the kernels.
+    Not over GPUs, nor where this rank may survive the loss of another (the transport's
+    thread tells a lost peer's failed request from other MPI errors). The other streams'
+    threads (another device's compute stream, a fetch of what came from another rank)
+    wait on the communication stream as before."""
     if transport is None or gpus is not None or transport.losable:
         return -1
     return rider([s.stream.kind if program.blocks[k] else None for k, s in enumerate(wiring.streams)])

@@ -133,8 +133,8 @@ class Transport:
 
     Set before ``start()``: ``busy``, whether some compute stream of this rank is running a
     kernel or has one it can launch (called from the transport's and the collective
-    streams' threads and a rider's, often: it must be cheap and never block); ``threads``, how many
-    threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
+    streams' threads and a rider's, often: it must be cheap and never block);
+    ``threads``, how many threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
     it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
     only where it has a core to spare. ``losable``: the ranks whose loss this rank may
     survive (``RankLost``)."""
@@ -165,9 +165,8 @@ class Transport:
         """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
         self._cores_per_rank = 0.0
         self._collecting: set[int] = set()  # the threads inside ``collective`` (their idents)
-        self._blocked: dict[
-            int, bool
-        ] = {}  # the wake-up tags of those inside ``_block``, till ``wake``: whether in a collective
+        # the wake-up tags of those inside ``_block``, till ``wake``: whether in a collective
+        self._blocked: dict[int, bool] = {}
         self._nudged = threading.Event()  # set by ``wake`` and a collective's end: see ``_leave_mpi``
         self._wakes: Any = None  # this process alone: where ``wake`` sends
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -279,21 +278,16 @@ class Transport:
                 raise RankError(
                     f"rank {self.rank} stopped while a transfer or a collective over ranks was in flight"
                 )
-            if self._may_block():
-                self._block(requests, until, every)
-                backoff = MIN_BACKOFF
-                continue
             if self._collective_elsewhere():
                 self._leave_mpi(until)
+                continue
+            if self.stays():
+                self._block(requests, until, every)
+                backoff = MIN_BACKOFF
                 continue
             _precise_sleeps_once()
             time.sleep(backoff)
             backoff = min(2 * backoff, MOVING_BACKOFF)
-
-    def _may_block(self) -> bool:
-        """Whether the calling thread's wait stays in MPI: where the rank ``stays``, and no
-        collective over ranks is in MPI on another thread (``_collective_elsewhere``)."""
-        return self.stays() and not self._collective_elsewhere()
 
     def _collective_elsewhere(self) -> bool:
         """Whether a collective over ranks is in MPI on another thread, this one (a rider)
@@ -328,7 +322,8 @@ class Transport:
         tag = _own_tag()
         wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
         self._blocked[tag] = threading.get_ident() in self._collecting
-        woken = self._closed or not self._may_block() or until()  # it may have changed before the wake saw us
+        # it may have changed before the wake saw us
+        woken = self._closed or self._collective_elsewhere() or not self.stays() or until()
         pending = [*requests, wake]
         left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
         if not every:

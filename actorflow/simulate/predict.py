@@ -124,7 +124,7 @@ def _polled(
         return frozenset()
     if not replayed:
         return frozenset(range(plan.world))
-    losable = survival.losable(config, plan)
+    losable = bool(survival.losable(config, plan))
     per_rank = {n: cores / ranks for n, ranks in Counter(node).items()}
     kinds: dict[int, list[str | None]] = defaultdict(list)
     for s in wiring.streams:
@@ -133,7 +133,7 @@ def _polled(
     def polls(r: int) -> bool:
         compute = kinds[r].count("compute")
         crowded = per_rank[node[r]] < 1 or (compute > 1 and per_rank[node[r]] < compute + 1)
-        return bool(losable) or crowded or rider(kinds[r]) < 0
+        return losable or crowded or rider(kinds[r]) < 0
 
     return frozenset(r for r in range(plan.world) if polls(r))
 

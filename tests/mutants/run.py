@@ -285,8 +285,8 @@ MUTANTS = [
         "rider-blocks-beside-a-collective",
         "a rider's wait stays in MPI while a collective over ranks is in MPI on another thread",
         "actorflow/runtime/transport.py",
-        "return self.stays() and not self._collective_elsewhere()",
-        "return self.stays()",
+        "            if self._collective_elsewhere():\n                self._leave_mpi(until)\n                continue\n",
+        "",
         ("tests/test_transport.py",),
     ),
 ]
