@@ -454,14 +454,15 @@ class Beside:
         """Whether some kernels ran beside others."""
         return bool(self.seconds[:, 1:].any())
 
-    def work(self, contention: float, gil: Mapping[str, float] | None = None) -> np.ndarray:
+    def work(self, contention: float | np.ndarray, gil: Mapping[str, float] | None = None) -> np.ndarray:
         """Per kernel, the seconds it would have taken alone, were ``contention`` the
         process's and ``gil[unit]`` the share of its unit's acts that holds the GIL (all
         where None): ``runtime.virtual``'s rule, beside others at 1 / (1 + contention *
-        share) of its speed."""
+        share) of its speed. For an array of contentions, a row per contention."""
         shares = np.array([1.0 if gil is None else gil.get(n, 1.0) for n in self.names])
         beside = np.minimum(np.arange(self.seconds.shape[1]), 1)
-        return (self.seconds / (1 + contention * np.outer(shares, beside))).sum(axis=1)
+        slowed = np.multiply.outer(contention, np.outer(shares, beside))
+        return (self.seconds / (1 + slowed)).sum(axis=-1)
 
     def alone(self, contention: float, gil: Mapping[str, float] | None = None) -> dict[str, list[float]]:
         """Per unit, its kernels' ``work``."""
@@ -481,16 +482,15 @@ class Beside:
         units: dict[str, list[int]] = defaultdict(list)
         for i, name in enumerate(self.names):
             units[name].append(i)
-        groups = [np.array(v) for v in units.values()]
-
-        def misfit(c: float) -> float:
-            logs = np.log(self.work(c, gil))
-            return sum(
-                float(((logs[g] - np.median(logs[g])) ** 2).sum() * np.exp(np.median(logs[g])))
-                for g in groups
-            )
-
-        return float(min(CONTENTIONS, key=misfit))
+        logs = np.log(self.work(np.array(CONTENTIONS), gil))  # a row per contention
+        misfit = np.zeros(len(CONTENTIONS))
+        for group in units.values():
+            unit = logs[:, group]
+            ranked = np.sort(unit, axis=1)
+            n = len(group)
+            median = (ranked[:, (n - 1) // 2] + ranked[:, n // 2]) / 2
+            misfit += ((unit - median[:, None]) ** 2).sum(axis=1) * np.exp(median)
+        return CONTENTIONS[int(np.argmin(misfit))]
 
 
 def _launched(kernels: list[tuple[int, int]], launch: int) -> np.ndarray:
