@@ -183,6 +183,16 @@ def test_over_ranks_a_rank_waits_on_each_act_it_needs_of_its_own_streams(config,
     assert_rank_programs_cover(plan)
 
 
+def test_a_fetch_of_what_came_from_another_rank_runs_on_its_devices_compute_stream():
+    """Over ranks, rank 0 fetches the loss rank 1 sent it: on cpu:0's compute thread (which
+    rides the receive), not a copy thread of its own woken for each micro-batch."""
+    plan = compile_config(load_config(str(REPO / "configs" / "default.yaml")), ranks=2)
+    wiring = wire(plan, 0, allocate=False)
+    (fetch,) = [u for u in wiring.units if u.name == "loss@rank0"]
+    assert plan.streams[fetch.stream].name == "cpu:0/compute"
+    assert [len(s.units) for s in wiring.streams if s.stream.kind == "copy"] == [0]
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_plans_over_random_ranks_wait_on_each_act_they_need(data):

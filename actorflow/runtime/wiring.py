@@ -369,24 +369,30 @@ def _wire_member(
 def _host_moves(plan: Plan, units: list[Unit]) -> None:
     """Small moves within this process get no thread of their own: a copy between
     devices or a fetch runs on its producer's stream, a feed on its consumer's, ahead
-    of that stream's other work (they are quick, and another stream waits for them).
+    of that stream's other work (they are quick, and another stream waits for them);
+    where that is the rank's communication stream (a fetch of what another rank sent),
+    on the device's compute stream, whose thread rides it (``replay._rider``): a copy
+    thread woken for each received loss took the rank's core from its kernels.
     A hand-off between two devices is then one message, from the producer's thread to
     the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where
     they overlap compute. A move between the host and a GPU keeps its own stream too (its
     destination device's copy stream), so a GPU's copy is ordered among that GPU's work
     and a host's copy waits for the GPU on the host."""
     host: dict[int, int] = {}  # unit id -> the stream whose thread runs it
+    compute = {s.device: s.id for s in plan.streams if s.kind == "compute"}
 
     def stream_of(unit: Unit) -> int:
         if unit.id not in host:
             own = host[unit.id] = unit.actor.stream
             partners = {stream_of(p) for p in _partners(plan, unit)}
-            if (
-                len(partners) == 1
-                and plan.streams[stream := partners.pop()].kind in ("compute", "copy")
-                and cuda_stream(plan.streams[stream]) == cuda_stream(plan.streams[own])
-            ):
-                host[unit.id] = stream
+            if len(partners) == 1:
+                stream = partners.pop()
+                if plan.streams[stream].kind == "comm":
+                    stream = compute.get(unit.actor.device, own)
+                if plan.streams[stream].kind in ("compute", "copy") and cuda_stream(
+                    plan.streams[stream]
+                ) == cuda_stream(plan.streams[own]):
+                    host[unit.id] = stream
         return host[unit.id]
 
     for unit in units:
