@@ -233,6 +233,42 @@ def test_a_rider_leaves_mpi_to_a_collective_in_flight_and_still_sees_its_transfe
     assert 0.19 < rider < 1.0, (blocked, rider)
 
 
+COLLECTIVE_NEXT = (
+    IDLE_RANK
+    + """
+blocked = []  # the threads that blocked in MPI
+block = transport._block
+
+
+def spy(requests, until, every):
+    blocked.append(threading.current_thread().name)
+    block(requests, until, every)
+
+
+transport._block = spy
+transport.collecting = lambda: True  # a collective stream has its next collective to start
+threading.Timer(0.2, lambda: comm.Send(b"r", dest=0, tag=2)).start()
+start = time.monotonic()
+transport.wait(comm.Irecv(bytearray(1), source=0, tag=2), every=False)  # the rider's
+rider = time.monotonic() - start
+transport.close()
+print(json.dumps([blocked, rider]))
+"""
+)
+
+
+@pytest.mark.xdist_group("mpi")
+@pytest.mark.timeout(60)
+def test_a_rider_stays_out_of_mpi_while_a_collective_of_its_rank_can_start():
+    """Nor does a rider wait in MPI while a collective stream of its rank can start its
+    next collective (woken, that stream's thread had yet to get the rank's core from the
+    rider spinning in MPI): it polls, and sees its transfer end."""
+    pytest.importorskip("mpi4py")
+    blocked, rider = printed(COLLECTIVE_NEXT)
+    assert blocked == [], (blocked, rider)
+    assert 0.19 < rider < 1.0, (blocked, rider)
+
+
 @pytest.mark.parametrize(
     ("cores_per_rank", "busy", "stays"),
     [(2.0, True, True), (1.0, False, True), (1.0, True, False), (0.5, False, False), (0.5, True, False)],

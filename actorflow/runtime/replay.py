@@ -184,6 +184,9 @@ class Replay:
             self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind in ("compute", "copy")
         ]
         """The compute and copy streams: the threads a rank's transport keeps cores for."""
+        self.collective_streams = [
+            self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind == "collective"
+        ]
 
     def _held_slots(self, wiring: Wiring) -> tuple[dict, dict, dict]:
         """Places in ``marks``: per output with consumers, its count of buffers taken, and
@@ -217,6 +220,15 @@ class Replay:
         """Whether a compute or copy stream is running a kernel or can run its next one (a
         rank's ``Transport.busy``)."""
         return any(not s.idle and s.waiting is None for s in self.kernel_streams)
+
+    def collecting(self) -> bool:
+        """Whether a collective stream runs a collective or can start its next one."""
+        counts = self.counts
+        for s in self.collective_streams:
+            waiting = s.waiting
+            if not s.idle and (waiting is None or counts[waiting[0]] >= waiting[1]):
+                return True
+        return False
 
     def busy(self) -> int:
         """How many streams have work in a run (each tells ``Host.stream_finished``)."""

@@ -200,6 +200,7 @@ class Runtime:
             )
             if transport is not None:  # a collective over ranks waits in MPI while these are idle
                 transport.busy = replay.working
+                transport.collecting = replay.collecting
                 transport.threads = len(replay.kernel_streams)
         else:
             for s in wiring.streams:

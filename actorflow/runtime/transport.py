@@ -44,7 +44,11 @@ Meanwhile that thread's MPI calls move every request's data, so the transport th
 looks at its own requests only every ``WATCH_EVERY``, and polls them at once when the
 collective ends. A rider waiting on its own transfers meanwhile does the same, out of
 MPI (``_leave_mpi``): beside it, blocked in MPI or polling, a 16 MiB all-reduce took
-twice as long. Spinning on ``Test`` in Python instead would hold the GIL between the
+twice as long. While a collective stream of the rank can start its next collective
+(``collecting``, which the runtime sets), a rider polls with back-off rather than wait
+in MPI: a collective thread just woken otherwise waited for the rank's core while the
+rider spun there (``benchmarks/ranks.py`` (a) at 1 MiB: the rider blocked in MPI 13-15
+times in 40 iterations, spinning 20 ms of the rank's 80). Spinning on ``Test`` in Python instead would hold the GIL between the
 calls: the rank's other threads then waited up to the switch interval (5 ms) for each
 turn, and the transport thread was seen to start a send 85 ms late; blocked in MPI, the
 thread holds no GIL.
@@ -131,7 +135,9 @@ class _Work(NamedTuple):
 class Transport:
     """``await connect(...)``, then ``start()``; ``close()`` when done (or failed).
 
-    Set before ``start()``: ``busy``, whether some compute stream of this rank is running a
+    Set before ``start()``: ``collecting``, whether a collective stream of this rank runs
+    a collective or can start its next one (cheap, never blocking, as ``busy``); ``busy``,
+    whether some compute stream of this rank is running a
     kernel or has one it can launch (called from the transport's and the collective
     streams' threads and a rider's, often: it must be cheap and never block);
     ``threads``, how many threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
@@ -160,6 +166,7 @@ class Transport:
         self.on_query: Callable[[int, bytes], None] = lambda rank, payload: None
         self.on_reply: Callable[[bytes], None] = lambda payload: None
         self.busy: Callable[[], bool] = _always_busy
+        self.collecting: Callable[[], bool] = _never
         self.threads = 1
         self.spare_core = False
         """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
@@ -281,7 +288,7 @@ class Transport:
             if self._collective_elsewhere():
                 self._leave_mpi(until)
                 continue
-            if self.stays():
+            if self.stays() and not self._collective_next():
                 self._block(requests, until, every)
                 backoff = MIN_BACKOFF
                 continue
@@ -294,6 +301,11 @@ class Transport:
         not in one."""
         collecting = self._collecting
         return bool(collecting) and threading.get_ident() not in collecting
+
+    def _collective_next(self) -> bool:
+        """Whether a collective stream can start its next collective (``collecting``), this
+        thread (a rider) not in one: the rider then polls rather than spin in MPI."""
+        return self.collecting() and threading.get_ident() not in self._collecting
 
     def _leave_mpi(self, until: Callable[[], bool]) -> None:
         """A rider's wait while a collective is in MPI on another thread: out of MPI, as the
@@ -634,6 +646,10 @@ def _own_tag() -> int:
 def _no_requests() -> list:
     """Nothing to start: a ``submit`` that only has the transport thread poll."""
     return []
+
+
+def _never() -> bool:
+    return False
 
 
 def _always_busy() -> bool:
