@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (31 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (33 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -288,6 +288,22 @@ MUTANTS = [
         "            if self._collective_elsewhere():\n                self._leave_mpi(until)\n                continue\n",
         "",
         ("tests/test_transport.py",),
+    ),
+    Mutant(
+        "rider-spins-before-a-collective",
+        "a rider's wait stays in MPI while a collective stream of its rank can start its next collective",
+        "actorflow/runtime/transport.py",
+        "            if self.stays() and not self._collective_next():\n",
+        "            if self.stays():\n",
+        ("tests/test_transport.py",),
+    ),
+    Mutant(
+        "fetch-from-a-rank-wakes-a-copy-thread",
+        "a small fetch of what another rank sent keeps its copy stream's thread",
+        "actorflow/runtime/wiring.py",
+        "                    stream = compute.get(unit.actor.device, own)\n",
+        "                    stream = own\n",
+        ("tests/test_replay.py",),
     ),
 ]
 
