@@ -740,9 +740,14 @@ class CommReplay(ReplayStream):
                         marks[read] if read.__class__ is int else min([marks[r] for r in read])
                     )
                     peaks[key] = max(peaks[key], held)
-                number = (
-                    (run.first + block * period + step) * special.per_step + special.offset if special else -1
-                )
+                number = -1
+                if special is not None:
+                    iteration = run.first + block * period + step
+                    traced = replay.traced
+                    if special.fetch or traced is None or iteration in traced:
+                        number = iteration * special.per_step + special.offset
+                    else:
+                        special = None  # an untraced step's: not told to the host
                 self._start(g, kernel, ins, outs, wakes, frees, special, number)
             else:
                 self._ended(g, wakes)
