@@ -182,7 +182,7 @@ def test_a_wait_for_one_of_several_requests_ends_when_more_than_one_ended():
     assert printed(ONE_OF) == [True, True, False]
 
 
-BESIDE_A_COLLECTIVE = (
+SPIED_RANK = (
     IDLE_RANK
     + """
 blocked = []  # the threads that blocked in MPI
@@ -195,6 +195,14 @@ def spy(requests, until, every):
 
 
 transport._block = spy
+"""
+)
+"""``IDLE_RANK``, and ``blocked`` names each thread that waits in MPI (``_block``)."""
+
+
+BESIDE_A_COLLECTIVE = (
+    SPIED_RANK
+    + """
 inside = threading.Event()
 
 
@@ -234,18 +242,8 @@ def test_a_rider_leaves_mpi_to_a_collective_in_flight_and_still_sees_its_transfe
 
 
 COLLECTIVE_NEXT = (
-    IDLE_RANK
+    SPIED_RANK
     + """
-blocked = []  # the threads that blocked in MPI
-block = transport._block
-
-
-def spy(requests, until, every):
-    blocked.append(threading.current_thread().name)
-    block(requests, until, every)
-
-
-transport._block = spy
 transport.collecting = lambda: True  # a collective stream has its next collective to start
 threading.Timer(0.2, lambda: comm.Send(b"r", dest=0, tag=2)).start()
 start = time.monotonic()
