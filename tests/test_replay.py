@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import attrs
 import numpy as np
@@ -18,6 +19,7 @@ import userfns
 from actorflow.config import load_config
 from actorflow.runtime import program
 from actorflow.runtime.program import Program, replayable, schedule
+from actorflow.runtime.replay import Replay
 from actorflow.runtime.virtual import simulate
 from actorflow.runtime.wiring import wire
 from actorflow.training.runner import compile_config
@@ -191,6 +193,23 @@ def test_a_fetch_of_what_came_from_another_rank_runs_on_its_devices_compute_stre
     (fetch,) = [u for u in wiring.units if u.name == "loss@rank0"]
     assert plan.streams[fetch.stream].name == "cpu:0/compute"
     assert [len(s.units) for s in wiring.streams if s.stream.kind == "copy"] == [0]
+
+
+def test_a_collective_stream_is_ready_once_what_it_waits_for_is_reached_before_it_wakes():
+    """``Replay.collective_ready``, which a rider reads before it waits in MPI: a collective
+    stream between runs is not; one running, or whose wait is reached (on another
+    stream's count, or on its own communication instruction's end), is."""
+    replay = object.__new__(Replay)
+    replay.counts, replay.comm, replay.ended = [4, 0, 7], 2, {9}
+
+    def ready(idle: bool, waiting: tuple[int, int] | None) -> bool:
+        replay.collective_streams = [SimpleNamespace(idle=idle, waiting=waiting)]
+        return replay.collective_ready()
+
+    assert not ready(True, None)
+    assert ready(False, None)
+    assert not ready(False, (0, 5)) and ready(False, (0, 4))
+    assert not ready(False, (2, 9)) and ready(False, (2, 10))  # instruction 9 ended, 8 did not
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

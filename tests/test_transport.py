@@ -244,7 +244,7 @@ def test_a_rider_leaves_mpi_to_a_collective_in_flight_and_still_sees_its_transfe
 COLLECTIVE_NEXT = (
     SPIED_RANK
     + """
-transport.collecting = lambda: True  # a collective stream has its next collective to start
+transport.collective_ready = lambda: True  # a collective stream has its next collective to start
 threading.Timer(0.2, lambda: comm.Send(b"r", dest=0, tag=2)).start()
 start = time.monotonic()
 transport.wait(comm.Irecv(bytearray(1), source=0, tag=2), every=False)  # the rider's

@@ -72,11 +72,12 @@ class Special:
 
 
 POLL_EVERY = 200e-6
-"""The most often a rider polls its sends and receives between kernels. Polled after each
-kernel, the default config's stage 0 over 2 ranks polled 54 times a step, 20 µs each
-(MPI's progress, mostly finding nothing new): a sixth of its thread's time. Its kernels
-take about 80 µs, so now about every other one; a transfer waited on is waited for in
-MPI. 38.2k -> 43.1k samples/s, medians of five alternating pairs."""
+"""The most often a rider polls its sends and receives between kernels, where no other
+stream waits on them (``Replay.poll_every``). Polled after each kernel, the default
+config's stage 0 over 2 ranks polled 54 times a step, 20 µs each (MPI's progress, mostly
+finding nothing new): a sixth of its thread's time. Its kernels take about 80 µs, so
+now about every other one; a transfer the rider waits on, it waits for in MPI. 38.2k ->
+43.1k samples/s, medians of five alternating pairs."""
 
 WAKE = ()
 """What a stream puts in the inbox of one that waits on it: "look at the counts again"."""
@@ -188,6 +189,10 @@ class Replay:
             else:
                 stream = ReplayStream(self, k, s.stream.id, s.stream.name, instructions, units)
             self.streams.append(stream)
+        others = (waits for k, block in enumerate(program.waits) if k != self.rider for waits in block)
+        self.poll_every = 0.0 if any(s == self.comm for waits in others for s, _ in waits) else POLL_EVERY
+        """How often at most the rider polls its sends and receives between kernels: after
+        every kernel where another stream waits on one of them (it learns of the end so)."""
         self.kernel_streams = [
             self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind in ("compute", "copy")
         ]
@@ -195,6 +200,7 @@ class Replay:
         self.collective_streams = [
             self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind == "collective"
         ]
+        """The collective streams: a rider leaves MPI to them (``Transport.collective_ready``)."""
 
     def _held_slots(self, wiring: Wiring) -> tuple[dict, dict, dict]:
         """Places in ``marks``: per output with consumers, its count of buffers taken, and
@@ -229,14 +235,19 @@ class Replay:
         rank's ``Transport.busy``)."""
         return any(not s.idle and s.waiting is None for s in self.kernel_streams)
 
-    def collecting(self) -> bool:
-        """Whether a collective stream runs a collective or can start its next one."""
-        counts = self.counts
+    def collective_ready(self) -> bool:
+        """Whether a collective stream runs a collective or can start its next one: it does
+        not wait, or what it waits for is reached (it may not have woken yet)."""
         for s in self.collective_streams:
             waiting = s.waiting
-            if not s.idle and (waiting is None or counts[waiting[0]] >= waiting[1]):
+            if not s.idle and (waiting is None or self.reached(*waiting)):
                 return True
         return False
+
+    def reached(self, stream: int, need: int) -> bool:
+        """Whether ``stream``'s count reached ``need``, or, on the communication stream,
+        whose instructions end in any order, its instruction ``need - 1`` ended."""
+        return self.counts[stream] >= need or (stream == self.comm and need - 1 in self.ended)
 
     def busy(self) -> int:
         """How many streams have work in a run (each tells ``Host.stream_finished``)."""
@@ -467,7 +478,8 @@ class ReplayStream:
         assert ridden is None or isinstance(ridden, CommReplay), "a rider drives a CommReplay"
         if ridden is not None:
             ridden.turn()
-        polled = 0.0  # a rider polls its requests after a kernel, at most every POLL_EVERY
+        poll_every = replay.poll_every
+        polled = 0.0  # a rider polls its requests after a kernel, at most every poll_every
         done = counts[me]
         for block in run.blocks:
             at = [b + (block - start) * n for b, start, n in zip(bases, starts, sizes)]
@@ -478,8 +490,10 @@ class ReplayStream:
                         need = at[s] + c
                         if counts[s] < need and not (s == comm and need - 1 in ended):
                             self.waiting = (s, need)
-                            if ridden is not None and not self._ride(ridden, s, need, s == comm):
-                                return
+                            if ridden is not None:
+                                if not self._ride(ridden, s, need, s == comm):
+                                    return
+                                polled = clock() + poll_every  # its ride just polled
                             while counts[s] < need and not (s == comm and need - 1 in ended):
                                 inbox.get()
                                 if replay.closed:
@@ -519,7 +533,7 @@ class ReplayStream:
                 if ridden is not None:
                     news = replay.poked
                     if ridden.live and (now := clock()) >= polled:
-                        polled = now + POLL_EVERY
+                        polled = now + poll_every
                         news = ridden.poll() or news
                     if news:
                         ridden.turn()  # what ended, or another stream, may let it start more
@@ -713,9 +727,6 @@ class CommReplay(ReplayStream):
             )
         return text
 
-    def _reached(self, stream: int, need: int) -> bool:
-        return self.replay.counts[stream] >= need or (stream == self.index and need - 1 in self.ended)
-
     def _advance(self) -> bool:
         """Start the current run's instructions, in order, while what they wait on has
         ended; whether the run ended meanwhile."""
@@ -729,9 +740,9 @@ class CommReplay(ReplayStream):
             if 0 <= step + block * period < run.steps:
                 for s, c in waits:
                     need = run.bases[s] + (block - run.starts[s]) * sizes[s] + c
-                    if not self._reached(s, need):
+                    if not self.replay.reached(s, need):
                         self.waiting = (s, need)  # then look again: a stream reads it after its count
-                        if not self._reached(s, need):
+                        if not self.replay.reached(s, need):
                             return False
                     self.waiting = None
                 for slot, read, key in takes:
@@ -806,7 +817,7 @@ class CommReplay(ReplayStream):
             if (
                 waiting is not None
                 and waiting[0] == me
-                and self._reached(me, waiting[1])
+                and self.replay.reached(me, waiting[1])
                 and w not in (replay.rider, replay.rider_comm)
             ):
                 replay.inboxes[w].put(WAKE)
@@ -828,7 +839,7 @@ def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: 
     transport's thread and back per transfer, and no thread polling beside the kernels.
     Not over GPUs, nor where this rank may survive the loss of another (the transport's
     thread tells a lost peer's failed request from other MPI errors). The other streams'
-    threads (another device's compute stream, a fetch of what came from another rank)
+    threads (another device's compute stream, a copy stream's large moves)
     wait on the communication stream as before."""
     if transport is None or gpus is not None or transport.losable:
         return -1

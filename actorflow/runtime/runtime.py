@@ -200,8 +200,8 @@ class Runtime:
             )
             if transport is not None:  # a collective over ranks waits in MPI while these are idle
                 transport.busy = replay.working
-                transport.collecting = replay.collecting
-                transport.threads = len(replay.kernel_streams)
+                transport.collective_ready = replay.collective_ready
+                transport.threads = sum(1 for s in replay.kernel_streams if replay.sizes[s.index])
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None

@@ -44,14 +44,14 @@ Meanwhile that thread's MPI calls move every request's data, so the transport th
 looks at its own requests only every ``WATCH_EVERY``, and polls them at once when the
 collective ends. A rider waiting on its own transfers meanwhile does the same, out of
 MPI (``_leave_mpi``): beside it, blocked in MPI or polling, a 16 MiB all-reduce took
-twice as long. While a collective stream of the rank can start its next collective
-(``collecting``, which the runtime sets), a rider polls with back-off rather than wait
-in MPI: a collective thread just woken otherwise waited for the rank's core while the
-rider spun there (``benchmarks/ranks.py`` (a) at 1 MiB: the rider blocked in MPI 13-15
-times in 40 iterations, spinning 20 ms of the rank's 80). Spinning on ``Test`` in Python instead would hold the GIL between the
+twice as long. Spinning on ``Test`` in Python instead would hold the GIL between the
 calls: the rank's other threads then waited up to the switch interval (5 ms) for each
 turn, and the transport thread was seen to start a send 85 ms late; blocked in MPI, the
-thread holds no GIL.
+thread holds no GIL. While a collective stream of the rank can start its next
+collective (``collective_ready``, which the runtime sets), a rider polls with back-off
+rather than wait in MPI: a collective thread just woken otherwise waited for the rank's
+core while the rider spun there (``benchmarks/ranks.py`` (a) at 1 MiB: the rider
+blocked in MPI 13-15 times in 40 iterations, spinning 20 ms of the rank's 80).
 
 Measured with ``benchmarks/ranks.py --parts a c`` on this machine (2 cores, which the 2
 ranks share), alternating runs, medians (each run's figures are medians of 3 repeats):
@@ -135,14 +135,14 @@ class _Work(NamedTuple):
 class Transport:
     """``await connect(...)``, then ``start()``; ``close()`` when done (or failed).
 
-    Set before ``start()``: ``collecting``, whether a collective stream of this rank runs
-    a collective or can start its next one (cheap, never blocking, as ``busy``); ``busy``,
-    whether some compute stream of this rank is running a
-    kernel or has one it can launch (called from the transport's and the collective
-    streams' threads and a rider's, often: it must be cheap and never block);
-    ``threads``, how many threads ``busy`` speaks for (the rank's compute streams, so at most this many cores
-    it keeps busy). The defaults, always busy and one thread, have a rank wait inside MPI
-    only where it has a core to spare. ``losable``: the ranks whose loss this rank may
+    Set before ``start()``: ``collective_ready``, whether a collective stream of this rank
+    runs a collective or can start its next one (cheap, never blocking, as ``busy``);
+    ``busy``, whether some compute stream of this rank is running a kernel or has one it
+    can launch (called from the transport's and the collective streams' threads and a
+    rider's, often: it must be cheap and never block); ``threads``, how many threads
+    ``busy`` speaks for (the rank's compute and copy streams with work, so at most this
+    many cores it keeps busy). The defaults, always busy and one thread, have a rank wait
+    inside MPI only where it has a core to spare. ``losable``: the ranks whose loss this rank may
     survive (``RankLost``)."""
 
     def __init__(
@@ -166,7 +166,7 @@ class Transport:
         self.on_query: Callable[[int, bytes], None] = lambda rank, payload: None
         self.on_reply: Callable[[bytes], None] = lambda payload: None
         self.busy: Callable[[], bool] = _always_busy
-        self.collecting: Callable[[], bool] = _never
+        self.collective_ready: Callable[[], bool] = _never
         self.threads = 1
         self.spare_core = False
         """Whether this rank may keep a core in MPI while ``busy``: set by ``start``."""
@@ -303,9 +303,9 @@ class Transport:
         return bool(collecting) and threading.get_ident() not in collecting
 
     def _collective_next(self) -> bool:
-        """Whether a collective stream can start its next collective (``collecting``), this
-        thread (a rider) not in one: the rider then polls rather than spin in MPI."""
-        return self.collecting() and threading.get_ident() not in self._collecting
+        """Whether a collective stream can start its next collective (``collective_ready``),
+        this thread not in a collective: it then polls rather than spin in MPI."""
+        return self.collective_ready() and threading.get_ident() not in self._collecting
 
     def _leave_mpi(self, until: Callable[[], bool]) -> None:
         """A rider's wait while a collective is in MPI on another thread: out of MPI, as the
@@ -335,7 +335,13 @@ class Transport:
         wake = self._wakes.Irecv(_NOTHING, source=0, tag=tag)
         self._blocked[tag] = threading.get_ident() in self._collecting
         # it may have changed before the wake saw us
-        woken = self._closed or self._collective_elsewhere() or not self.stays() or until()
+        woken = (
+            self._closed
+            or self._collective_elsewhere()
+            or self._collective_next()
+            or not self.stays()
+            or until()
+        )
         pending = [*requests, wake]
         left = sum(1 for request in requests if request)  # an earlier _block's completed ones are null
         if not every:

@@ -370,8 +370,10 @@ def _host_moves(plan: Plan, units: list[Unit]) -> None:
     """Small moves within this process get no thread of their own: a copy between
     devices or a fetch runs on its producer's stream, a feed on its consumer's, ahead
     of that stream's other work (they are quick, and another stream waits for them);
-    where that is the rank's communication stream (a fetch of what another rank sent),
-    on the device's compute stream, whose thread rides it (``replay._rider``): a copy
+    where that is the rank's communication stream (a fetch or a copy of what another rank
+    sent, a feed or a copy that a send reads), on the device's compute stream. In a
+    replay its thread rides the communication stream where it is the rank's first
+    (``replay._rider``); elsewhere it waits on it as the copy stream's thread did. A copy
     thread woken for each received loss took the rank's core from its kernels.
     A hand-off between two devices is then one message, from the producer's thread to
     the consumer's. Moves of over ``HOSTED_MOVE_BYTES`` keep their copy stream, where

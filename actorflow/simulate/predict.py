@@ -50,6 +50,8 @@ MAX_CONTENTION = 16.0
 """The most ``CostModel.contention`` a calibration gives."""
 MAX_CROWDING = 2.0
 """The most ``CostModel.crowding`` ``fit_crowding`` gives."""
+CONTENTIONS_AT_ONCE = 16
+"""Contentions weighed in one array (each a copy of the trace's kernels' times)."""
 CONTENTIONS = [k / 50 for k in range(100)] + [2 + k / 10 for k in range(round((MAX_CONTENTION - 2) * 10) + 1)]
 """The contentions ``Beside.contention`` tries: every 0.02 up to 2, every 0.1 beyond."""
 GUESSES = 4
@@ -482,15 +484,16 @@ class Beside:
         units: dict[str, list[int]] = defaultdict(list)
         for i, name in enumerate(self.names):
             units[name].append(i)
-        logs = np.log(self.work(np.array(CONTENTIONS), gil))  # a row per contention
-        misfit = np.zeros(len(CONTENTIONS))
-        for group in units.values():
-            unit = logs[:, group]
-            ranked = np.sort(unit, axis=1)
-            n = len(group)
-            median = (ranked[:, (n - 1) // 2] + ranked[:, n // 2]) / 2
-            misfit += ((unit - median[:, None]) ** 2).sum(axis=1) * np.exp(median)
-        return CONTENTIONS[int(np.argmin(misfit))]
+        misfits = []
+        for lo in range(0, len(CONTENTIONS), CONTENTIONS_AT_ONCE):
+            logs = np.log(self.work(np.array(CONTENTIONS[lo : lo + CONTENTIONS_AT_ONCE]), gil))
+            misfit = np.zeros(len(logs))  # a row of logs per contention
+            for group in units.values():
+                unit = logs[:, group]
+                median = np.median(unit, axis=1)
+                misfit += ((unit - median[:, None]) ** 2).sum(axis=1) * np.exp(median)
+            misfits.append(misfit)
+        return CONTENTIONS[int(np.argmin(np.concatenate(misfits)))]
 
 
 def _launched(kernels: list[tuple[int, int]], launch: int) -> np.ndarray:
