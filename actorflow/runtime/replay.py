@@ -732,6 +732,7 @@ class CommReplay(ReplayStream):
         ended; whether the run ended meanwhile."""
         replay, run, me = self.replay, self.current, self.index
         sizes, period, marks, peaks = replay.sizes, replay.program.period, replay.marks, replay.peaks
+        traced = replay.traced
         while self.started < self.end:
             g = self.started
             b, j = divmod(g - run.bases[me], sizes[me])
@@ -752,10 +753,9 @@ class CommReplay(ReplayStream):
                     )
                     peaks[key] = max(peaks[key], held)
                 number = -1
-                if special is not None:
+                if special is not None:  # recording: a send or receive is never fed or fetched
                     iteration = run.first + block * period + step
-                    traced = replay.traced
-                    if special.fetch or traced is None or iteration in traced:
+                    if traced is None or iteration in traced:
                         number = iteration * special.per_step + special.offset
                     else:
                         special = None  # an untraced step's: not told to the host
