@@ -194,9 +194,12 @@ class Replay:
         """How often at most the rider polls its sends and receives between kernels: after
         every kernel where another stream waits on one of them (it learns of the end so)."""
         self.kernel_streams = [
-            self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind in ("compute", "copy")
+            self.streams[k]
+            for k, s in enumerate(wiring.streams)
+            if s.stream.kind in ("compute", "copy") and self.sizes[k]
         ]
-        """The compute and copy streams: the threads a rank's transport keeps cores for."""
+        """The compute and copy streams with work: the threads a rank's transport keeps cores
+        for (one with none stays idle)."""
         self.collective_streams = [
             self.streams[k] for k, s in enumerate(wiring.streams) if s.stream.kind == "collective"
         ]
@@ -839,8 +842,8 @@ def _rider(wiring: Wiring, program: Program, transport: Transport | None, gpus: 
     transport's thread and back per transfer, and no thread polling beside the kernels.
     Not over GPUs, nor where this rank may survive the loss of another (the transport's
     thread tells a lost peer's failed request from other MPI errors). The other streams'
-    threads (another device's compute stream, a copy stream's large moves)
-    wait on the communication stream as before."""
+    threads (another device's compute stream, a copy stream's large moves) wait on the
+    communication stream as before."""
     if transport is None or gpus is not None or transport.losable:
         return -1
     return rider([s.stream.kind if program.blocks[k] else None for k, s in enumerate(wiring.streams)])

@@ -201,7 +201,7 @@ class Runtime:
             if transport is not None:  # a collective over ranks waits in MPI while these are idle
                 transport.busy = replay.working
                 transport.collective_ready = replay.collective_ready
-                transport.threads = sum(1 for s in replay.kernel_streams if replay.sizes[s.index])
+                transport.threads = len(replay.kernel_streams)
         else:
             for s in wiring.streams:
                 comm = transport if s.stream.kind == "comm" else None

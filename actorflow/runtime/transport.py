@@ -142,8 +142,8 @@ class Transport:
     rider's, often: it must be cheap and never block); ``threads``, how many threads
     ``busy`` speaks for (the rank's compute and copy streams with work, so at most this
     many cores it keeps busy). The defaults, always busy and one thread, have a rank wait
-    inside MPI only where it has a core to spare. ``losable``: the ranks whose loss this rank may
-    survive (``RankLost``)."""
+    inside MPI only where it has a core to spare. ``losable``: the ranks whose loss this
+    rank may survive (``RankLost``)."""
 
     def __init__(
         self, world: int, lost_after: float = LOST_AFTER, losable: frozenset[int] = frozenset()
@@ -655,6 +655,7 @@ def _no_requests() -> list:
 
 
 def _never() -> bool:
+    """``Transport.collective_ready`` until the runtime sets it: no collective stream."""
     return False
 
 

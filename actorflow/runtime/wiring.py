@@ -391,9 +391,8 @@ def _host_moves(plan: Plan, units: list[Unit]) -> None:
                 stream = partners.pop()
                 if plan.streams[stream].kind == "comm":
                     stream = compute.get(unit.actor.device, own)
-                if plan.streams[stream].kind in ("compute", "copy") and cuda_stream(
-                    plan.streams[stream]
-                ) == cuda_stream(plan.streams[own]):
+                to, at = plan.streams[stream], plan.streams[own]
+                if to.kind in ("compute", "copy") and cuda_stream(to) == cuda_stream(at):
                     host[unit.id] = stream
         return host[unit.id]
 
