@@ -56,8 +56,10 @@ WAITS = """
 import json, os, threading, time
 import trio
 from actorflow.errors import RankError
+from actorflow.runtime import transport as module
 from actorflow.runtime.transport import Transport
 
+module.QUIET_AFTER = 1.5  # longer than the three phases before the quiet one
 transport = Transport(1)
 trio.run(transport.connect, [], b"")
 busy = False
@@ -101,38 +103,42 @@ for thread in threads:
     thread.start()
 
 
-def share():
-    time.sleep(0.1)
-    before = inside()
+def share(lead=0.1):
+    time.sleep(lead)
+    before, cpu = inside(), time.process_time()
     time.sleep(0.5)
-    return (inside() - before) / 0.5 / len(threads)
+    return (inside() - before) / 0.5 / len(threads), (time.process_time() - cpu) / 0.5
 
 
-idle = share()
+idle, _ = share()
 busy = True
-polling = share()
+polling, _ = share()
 busy = False
-idle_again = share()
+idle_again, _ = share()
+quiet, cpu = share(lead=1.0)  # nothing heard for QUIET_AFTER by now
 closed = time.monotonic()
 transport.close()
 for thread in threads:
     thread.join(10)
-print(json.dumps([idle, polling, idle_again, [t - closed for t in ended]]))
+print(json.dumps([idle, polling, idle_again, quiet, cpu, [t - closed for t in ended]]))
 """
 
 
 @pytest.mark.xdist_group("mpi")
 @pytest.mark.timeout(60)
-def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it_is_busy():
+def test_a_collective_waits_inside_mpi_while_the_rank_is_idle_and_polls_while_it_is_busy_or_quiet():
     """Two collective threads wait for requests that never complete: they stay blocked in
     MPI while ``busy`` says no (a share of the time that counts the time blocked, not the
     CPU it got, so a loaded machine doesn't change it), poll with sleeps between while it
-    says yes, and both end with a RankError soon after the transport closes."""
+    says yes, and again once the rank heard nothing for ``QUIET_AFTER``, then taking
+    0.02-0.11 of a core between them (MPICH's wait spins a core each); both end with a
+    RankError soon after the transport closes."""
     pytest.importorskip("mpi4py")
     done = subprocess.run([sys.executable, "-c", WAITS], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    idle, polling, idle_again, ended = json.loads(done.stdout)
-    assert idle > 0.9 and idle_again > 0.9 and polling < 0.1, done.stdout
+    idle, polling, idle_again, quiet, cpu, ended = json.loads(done.stdout)
+    assert idle > 0.9 and idle_again > 0.9 and polling < 0.1 and quiet < 0.1, done.stdout
+    assert cpu < 0.3, done.stdout
     assert len(ended) == 2 and max(ended) < 1.0, done.stdout
 
 
@@ -268,18 +274,30 @@ def test_a_rider_stays_out_of_mpi_while_a_collective_of_its_rank_can_start():
 
 
 @pytest.mark.parametrize(
-    ("cores_per_rank", "busy", "stays"),
-    [(2.0, True, True), (1.0, False, True), (1.0, True, False), (0.5, False, False), (0.5, True, False)],
+    ("cores_per_rank", "busy", "quiet", "stays"),
+    [
+        (2.0, True, False, True),
+        (1.0, False, False, True),
+        (1.0, True, False, False),
+        (0.5, False, False, False),
+        (0.5, True, False, False),
+        (2.0, True, True, False),
+        (1.0, False, True, False),
+    ],
 )
-def test_a_wait_stays_in_mpi_with_a_core_to_spare_or_idle_with_a_core_per_rank(cores_per_rank, busy, stays):
+def test_a_wait_stays_in_mpi_with_a_core_to_spare_or_idle_with_a_core_per_rank_unless_quiet(
+    cores_per_rank, busy, quiet, stays
+):
     """Never where the node has fewer cores than ranks: MPICH's wait spins, on the core
-    the rank it waits for needs."""
+    the rank it waits for needs; nor once the rank is quiet (waiting for a slow, paused
+    or lost rank)."""
     from actorflow.runtime.transport import Transport
 
     transport = Transport.__new__(Transport)  # no MPI: only what ``stays`` reads
     transport._cores_per_rank = cores_per_rank
     transport.spare_core = cores_per_rank >= 2  # one busy thread and one more
     transport.busy = lambda: busy
+    transport._quiet = quiet
     assert transport.stays() is stays
 
 

@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (33 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (34 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -295,6 +295,14 @@ MUTANTS = [
         "actorflow/runtime/transport.py",
         "            if self.stays() and not self._collective_next():\n",
         "            if self.stays():\n",
+        ("tests/test_transport.py",),
+    ),
+    Mutant(
+        "a-quiet-rank-spins",
+        "a rank that heard of nothing for QUIET_AFTER still waits inside MPI, spinning a core",
+        "actorflow/runtime/transport.py",
+        "        return not self._quiet and (self.spare_core or (self._cores_per_rank >= 1 and not self.busy()))",
+        "        return self.spare_core or (self._cores_per_rank >= 1 and not self.busy())",
         ("tests/test_transport.py",),
     ),
     Mutant(
