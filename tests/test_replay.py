@@ -143,6 +143,27 @@ def test_a_plan_that_can_stall_is_left_to_the_drivers_which_say_where():
             s.run(feeds)
 
 
+@pytest.mark.parametrize(("micro_batches", "period"), [(1, 4), (2, 2), (3, 4), (4, 1), (6, 2)])
+def test_a_replayed_block_is_as_many_steps_as_bring_every_buffer_round(micro_batches, period):
+    """At quota 4, each micro-batch takes the next buffer of every register: at m
+    micro-batches a step, they come round every 4 / gcd(4, m) steps, which the block
+    spans; replayed so, 7 steps give what the drivers give."""
+    with af.Graph() as g:
+        h = af.placeholder("x", (12, 3), "float64", "cpu:0")
+        h = af.ops.to_device(af.ops.add(af.ops.relu(h), h), "cpu:1")
+        af.output("y", af.ops.relu(h))
+    plan = af.compile(g, quota=4, micro_batches=micro_batches, fuse_kernels=False)
+    got = schedule(plan, 0)
+    assert isinstance(got, Program) and got.period == period
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((12, 3))} for _ in range(7 * micro_batches)]
+    replayed, _, stats = run(plan, feeds, "replay")
+    dynamic, _, _ = run(plan, feeds, "dynamic")
+    for a, b in zip(replayed[0], dynamic[0]):
+        np.testing.assert_array_equal(a["y"], b["y"])
+    assert all(s["max_held"] <= s["quota"] for s in stats.values())
+
+
 def test_what_is_not_replayed_and_why(monkeypatch):
     plan = chain(2, 2)
     assert replayable(plan) is None

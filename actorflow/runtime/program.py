@@ -97,8 +97,7 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     here) and waits only on them: MPI carries what one rank waits for of another."""
     if (why := replayable(plan)) is not None:
         return why
-    quotas = [r.quota for r in plan.registers if not r.is_parameter] or [1]
-    period = math.lcm(*quotas, *(plan.phases(a) for a in plan.actors))
+    period = steps_to_repeat(plan)
     if period > MAX_PERIOD:
         return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
     total = 6 * period + 6  # a lead of up to a period at both ends, the block checked 2 back and 1 on
@@ -125,6 +124,31 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     if (why := next((p for p in programs if isinstance(p, str)), None)) is not None:
         return why
     return programs[0 if rank is None or plan.world == 1 else 1 + rank]
+
+
+def steps_to_repeat(plan: Plan) -> int:
+    """Every how many steps a run's acts come back with the same buffers and phases: an
+    output of quota q taken t times a step cycles through its buffers every q / gcd(q, t)
+    steps (taken in turn), and an actor's acts through its phases likewise. Counting
+    quotas and phases as steps made the default config's plan repeat every 4 steps; its
+    buffers come round every 2 (those of quota 2 taken once a step), so opening a
+    runtime simulates 18 steps instead of 30 (54 against 110 ms here; the transformer
+    at 8 micro-batches, 0.9 against 3.3 s)."""
+    cycles = [1]
+    for actor in plan.actors:
+        acts = acts_in(actor, plan.micro_batches)  # a step's
+        cycles.append(_cycle(plan.phases(actor), acts))
+        for out in actor.outputs:
+            register = plan.registers[out]
+            if not register.is_parameter:
+                cycles.append(_cycle(register.quota, acts // plan.period(actor, out)))
+    return math.lcm(*cycles)
+
+
+def _cycle(length: int, per_step: int) -> int:
+    """Steps until ``per_step`` turns a step through a cycle of ``length`` come back to its
+    start."""
+    return length // math.gcd(length, per_step) if per_step else 1
 
 
 def _program(

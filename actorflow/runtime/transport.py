@@ -240,12 +240,12 @@ class Transport:
         self.thread.start()
 
     def stays(self) -> bool:
-        """Whether a wait for MPI stays in MPI: the rank is not quiet and has a core to
-        spare, or nothing else to run on a node with a core per rank. Where the node has fewer cores than
-        ranks, MPICH's spinning wait would take the core of the rank it waits for: 2x2
-        over 4 ranks on 2 cores ran 2,027 to 8,196 samples/s staying in MPI while idle,
-        12,256 to 12,772 polling (``actorflow run configs/2x2.yaml --steps 40``,
-        alternating runs)."""
+        """Whether a wait for MPI stays in MPI: the rank is not quiet, and has a core to
+        spare or nothing else to run on a node with a core per rank. Where the node has
+        fewer cores than ranks, MPICH's spinning wait would take the core of the rank it
+        waits for: 2x2 over 4 ranks on 2 cores ran 2,027 to 8,196 samples/s staying in
+        MPI while idle, 12,256 to 12,772 polling (``actorflow run configs/2x2.yaml
+        --steps 40``, alternating runs)."""
         return not self._quiet and (self.spare_core or (self._cores_per_rank >= 1 and not self.busy()))
 
     def submit(self, start: Callable[[], Any], done: Done | None, moving: bool = False) -> None:

@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (34 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (35 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -296,6 +296,14 @@ MUTANTS = [
         "            if self.stays() and not self._collective_next():\n",
         "            if self.stays():\n",
         ("tests/test_transport.py",),
+    ),
+    Mutant(
+        "replay-block-short-of-a-buffer-cycle",
+        "a replayed block spans a quota's steps divided by the micro-batches, as if every output were taken once a micro-batch",
+        PROGRAM,
+        "    return length // math.gcd(length, per_step) if per_step else 1",
+        "    return max(1, length // max(1, per_step))",
+        ("tests/test_replay.py",),
     ),
     Mutant(
         "a-quiet-rank-spins",
