@@ -164,6 +164,25 @@ def test_a_replayed_block_is_as_many_steps_as_bring_every_buffer_round(micro_bat
     assert all(s["max_held"] <= s["quota"] for s in stats.values())
 
 
+@pytest.mark.parametrize(("quota", "simulated"), [(2, [12]), (8, [36, 54])])
+def test_a_schedule_simulates_a_few_steps_and_more_only_where_the_order_settles_later(
+    monkeypatch, quota, simulated
+):
+    """2 steps before the blocks checked and 2 after, then a period and more (a chain at
+    quota 8 takes longer to settle); the long one's program replays as the drivers run."""
+    steps: list[int] = []
+    real = program.simulate
+    monkeypatch.setattr(program, "simulate", lambda w, m, n, **k: steps.append(n) or real(w, m, n, **k))
+    plan = chain(2, quota)
+    assert isinstance(schedule(plan, 0), Program) and steps == simulated
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal(3)} for _ in range(11)]
+    replayed, _, _ = run(plan, feeds, "replay")
+    dynamic, _, _ = run(plan, feeds, "dynamic")
+    for a, b in zip(replayed[0], dynamic[0]):
+        np.testing.assert_array_equal(a["y"], b["y"])
+
+
 def test_what_is_not_replayed_and_why(monkeypatch):
     plan = chain(2, 2)
     assert replayable(plan) is None
