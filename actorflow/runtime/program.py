@@ -112,10 +112,10 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     simulated = [a for a in plan.actors if whole or plan.rank_of(a.device) == rank]
     if sum(acts_in(a, (6 * period + 6) * plan.micro_batches) for a in simulated) > MAX_SIMULATED_ACTS:
         return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
-    wiring = wire(plan, None if whole else rank, allocate=False)
-    ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
     for lead, tail in SHORT, (period + 2, period + 4):
         total = lead + 4 * period + tail
+        wiring = wire(plan, None if whole else rank, allocate=False)  # the protocol's state afresh
+        ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
         ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
         if ran is None:
             return "it can stall (its simulation did)"
