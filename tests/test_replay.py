@@ -68,17 +68,24 @@ def run(plan: af.Plan, feeds: list[dict], order: str, runs: int = 1):
         return outs, s.parameters(), s.register_stats()
 
 
+def replays_as_the_drivers_run(plan: af.Plan, feeds: list[dict], runs: int = 1) -> dict:
+    """Asserts each of ``runs`` replayed runs of ``feeds`` outputs the "y" a run on the
+    drivers does; the replayed session's register stats."""
+    replayed, _, stats = run(plan, feeds, "replay", runs=runs)
+    dynamic, _, _ = run(plan, feeds, "dynamic")
+    for outs in replayed:
+        for got, want in zip(outs, dynamic[0]):
+            np.testing.assert_array_equal(got["y"], want["y"])
+    return stats
+
+
 @pytest.mark.parametrize("quota", [1, 2, 3, 8])
 @pytest.mark.parametrize("iterations", [1, 2, 7])
 def test_a_replayed_chain_computes_what_the_drivers_compute(quota, iterations):
     plan = chain(3, quota)
     assert isinstance(schedule(plan, 0), Program)
     feeds = [{"x": np.arange(3.0) - k} for k in range(iterations)]
-    replayed, _, stats = run(plan, feeds, "replay", runs=3)
-    dynamic, _, _ = run(plan, feeds, "dynamic")
-    for outs in replayed:
-        for got, want in zip(outs, dynamic[0]):
-            np.testing.assert_array_equal(got["y"], want["y"])
+    stats = replays_as_the_drivers_run(plan, feeds, runs=3)
     assert all(s["max_held"] <= s["quota"] for s in stats.values())
     assert max(s["max_held"] for s in stats.values()) >= 1
 
@@ -157,10 +164,7 @@ def test_a_replayed_block_is_as_many_steps_as_bring_every_buffer_round(micro_bat
     assert isinstance(got, Program) and got.period == period
     rng = np.random.default_rng(0)
     feeds = [{"x": rng.standard_normal((12, 3))} for _ in range(7 * micro_batches)]
-    replayed, _, stats = run(plan, feeds, "replay")
-    dynamic, _, _ = run(plan, feeds, "dynamic")
-    for a, b in zip(replayed[0], dynamic[0]):
-        np.testing.assert_array_equal(a["y"], b["y"])
+    stats = replays_as_the_drivers_run(plan, feeds)
     assert all(s["max_held"] <= s["quota"] for s in stats.values())
 
 
@@ -176,11 +180,7 @@ def test_a_schedule_simulates_a_few_steps_and_more_only_where_the_order_settles_
     plan = chain(2, quota)
     assert isinstance(schedule(plan, 0), Program) and steps == simulated
     rng = np.random.default_rng(0)
-    feeds = [{"x": rng.standard_normal(3)} for _ in range(11)]
-    replayed, _, _ = run(plan, feeds, "replay")
-    dynamic, _, _ = run(plan, feeds, "dynamic")
-    for a, b in zip(replayed[0], dynamic[0]):
-        np.testing.assert_array_equal(a["y"], b["y"])
+    replays_as_the_drivers_run(plan, [{"x": rng.standard_normal(3)} for _ in range(11)])
 
 
 def test_what_is_not_replayed_and_why(monkeypatch):

@@ -43,6 +43,8 @@ lead of a period and 2 steps and a tail of a period and 4. The shipped configs' 
 variants settle within the short one, to the same programs (the default config's
 schedule: 25 against 56 ms); a fifth of the random plans of the property tests need the
 long one. The suite: 410 against 443 CPU-s."""
+STALLS = "it can stall (its simulation did)"
+"""Why a plan whose simulation stalled is not replayed (the drivers will say where)."""
 MAX_SIMULATED_ACTS = 300_000
 """The most acts a simulation may take (about 3 s): a larger plan runs on the drivers,
 so that opening a Runtime stays quick."""
@@ -108,34 +110,48 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     period = steps_to_repeat(plan)
     if period > MAX_PERIOD:
         return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
+    attempts = (SHORT, (period + 2, period + 4))
     whole = plan.world > 1 or rank is None
     simulated = [a for a in plan.actors if whole or plan.rank_of(a.device) == rank]
-    if sum(acts_in(a, (6 * period + 6) * plan.micro_batches) for a in simulated) > MAX_SIMULATED_ACTS:
+    longest = _steps(period, *attempts[-1]) * plan.micro_batches
+    if sum(acts_in(a, longest) for a in simulated) > MAX_SIMULATED_ACTS:
         return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
-    for lead, tail in SHORT, (period + 2, period + 4):
-        total = lead + 4 * period + tail
-        wiring = wire(plan, None if whole else rank, allocate=False)  # the protocol's state afresh
-        ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
-        ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
-        if ran is None:
-            return "it can stall (its simulation did)"
-        # every rank checks every rank's order and program (and the whole plan's, which
-        # actorflow simulate predicts), so that all replay or none does
-        kept = _kept(plan, wiring, ran) if plan.world > 1 else []
-        programs: list[Program | str] = []
-        for r, streams in [(None, ran), *enumerate(kept)]:
-            starts = _repeats(streams, total, period, lead)
-            if starts is None:
-                programs.append("its simulated order does not repeat")
-                break
-            comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, r)]
-            programs.append(_program(period, streams, starts, comm))
-        why = next((p for p in programs if isinstance(p, str)), None)
-        if why is None:
+    for lead, tail in attempts:
+        found = _programs(plan, None if whole else rank, period, lead, tail)
+        if not isinstance(found, str) or found == STALLS:
             break
-    if why is not None:
-        return why
-    return programs[0 if rank is None or plan.world == 1 else 1 + rank]
+    if isinstance(found, str):
+        return found
+    return found[0 if rank is None or plan.world == 1 else 1 + rank]
+
+
+def _steps(period: int, lead: int, tail: int) -> int:
+    """The steps a simulation runs: ``lead``, the 4 periods ``_repeats`` checks, ``tail``."""
+    return lead + 4 * period + tail
+
+
+def _programs(plan: Plan, rank: int | None, period: int, lead: int, tail: int) -> list[Program] | str:
+    """One simulation of ``plan`` (``rank``'s part of it, None: the whole), from the
+    protocol's state afresh: the whole plan's program and, over ranks, every rank's (each
+    rank checks them all, so that all replay or none does), or why there are none."""
+    total = _steps(period, lead, tail)
+    wiring = wire(plan, rank, allocate=False)
+    ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
+    ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
+    if ran is None:
+        return STALLS
+    kept = _kept(plan, wiring, ran) if plan.world > 1 else []
+    programs = []
+    for r, streams in [(None, ran), *enumerate(kept)]:
+        starts = _repeats(streams, total, period, lead)
+        if starts is None:
+            return "its simulated order does not repeat"
+        comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, r)]
+        program = _program(period, streams, starts, comm)
+        if isinstance(program, str):
+            return program
+        programs.append(program)
+    return programs
 
 
 def steps_to_repeat(plan: Plan) -> int:
@@ -208,8 +224,8 @@ def _program(
 def _repeats(streams: list[list[Entry]], total: int, period: int, lead: int) -> list[tuple[int, int]] | None:
     """Per stream of a simulation of ``total`` steps, (its block's first act, the block's
     acts), where its acts repeat every ``period`` steps from 2 periods before the block
-    (``lead`` steps in) to one after (the same units, inputs and outputs, ``period`` steps on); None if some
-    stream's don't."""
+    (``lead`` steps in) to one after (the same units, inputs and outputs, ``period``
+    steps on); None if some stream's don't."""
     starts = []
     for entries in streams:
         per_step = len(entries) // total  # the stream's acts a step

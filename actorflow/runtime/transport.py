@@ -482,11 +482,9 @@ class Transport:
                     # notice the ends now and then
                     backoff = wait = WATCH_EVERY
                 elif self._live:
-                    if self._quiet:
-                        most = MAX_BACKOFF
-                    elif self.stays():
+                    if self.stays():
                         most = MIN_BACKOFF
-                    elif any(x[2] for x in self._live):
+                    elif not self._quiet and any(x[2] for x in self._live):
                         most = MOVING_BACKOFF
                     else:
                         most = MAX_BACKOFF
