@@ -1,5 +1,5 @@
-"""The suite's two hooks and one setting, all about its wall time on few cores, and one
-fixture that two GPU test files share (``launches``).
+"""The suite's two hooks and one setting, all about its wall time on few cores, and two
+fixtures that several test files share (``launches``, ``collectives_in_order``).
 
 The tests that start MPI ranks (xdist group "mpi", one worker, one at a time) are
 collected first, so that their worker is busy with them from the start while the others
@@ -58,3 +58,15 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(cuda_rows, "_launch", counted)
     return names
+
+
+@pytest.fixture
+def collectives_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every collective stream follows the collective order, as a stream of collectives
+    over ranks does (one within a process launches what can act): how one process
+    shows what a bad order does over ranks."""
+    from actorflow.runtime import wiring
+
+    monkeypatch.setattr(
+        wiring, "_spanning_ranks", lambda plan: {a.stream for a in plan.actors if a.kind == "collective"}
+    )

@@ -132,6 +132,7 @@ def test_each_stream_runs_its_acts_in_the_simulated_order():
         assert ran.get(k, []) == want
 
 
+@pytest.mark.usefixtures("collectives_in_order")
 def test_a_plan_that_can_stall_is_left_to_the_drivers_which_say_where():
     with af.Graph() as g:
         xs = [af.placeholder(f"x{d}", (2,), "float32", f"cpu:{d}") for d in range(2)]

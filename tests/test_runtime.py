@@ -235,6 +235,7 @@ async def test_a_kernel_that_never_ends_raises_stall_error():
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.usefixtures("collectives_in_order")
 def test_reversed_collective_order_stalls_and_says_who_waits():
     plan = two_collective_plan()
     bad = attrs.evolve(plan, collectives=plan.collectives[::-1])  # check() would refuse it
@@ -254,6 +255,7 @@ def test_reversed_collective_order_stalls_and_says_who_waits():
     np.testing.assert_array_equal(out["y1"], np.full((2, 3), 4, np.float32))
 
 
+@pytest.mark.usefixtures("collectives_in_order")
 def test_stall_closes_the_session():
     plan = two_collective_plan()
     bad = attrs.evolve(plan, collectives=plan.collectives[::-1])
@@ -265,6 +267,14 @@ def test_stall_closes_the_session():
         with pytest.raises(RuntimeError, match="closed"):
             s.run(feeds)
     assert stream_threads(bad, before) == []
+
+
+def test_in_one_process_collectives_launch_when_they_can_whatever_their_order():
+    plan = two_collective_plan()
+    bad = attrs.evolve(plan, collectives=plan.collectives[::-1])
+    feeds = {"x0": np.ones((2, 3), np.float32), "x1": np.ones((2, 3), np.float32)}
+    out = af.run(bad, feeds, stall_timeout=5.0)
+    np.testing.assert_array_equal(out["y1"], np.full((2, 3), 4, np.float32))
 
 
 # -- (c) bad feeds -----------------------------------------------------------------------------

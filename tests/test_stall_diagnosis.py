@@ -168,6 +168,7 @@ async def test_chain_of_a_hang_in_the_only_iteration_goes_from_the_fetch_to_it()
     )
 
 
+@pytest.mark.usefixtures("collectives_in_order")
 async def test_chain_of_a_collective_out_of_order_ends_at_the_blocked_collective(
     monkeypatch, caplog, actor_logger
 ):

@@ -3,6 +3,8 @@ over several (tensor parallel Megatron-style, data parallel, pipeline stages), i
 with the same parameters; the Megatron annotations make exactly two all-reduces per
 block forward and two backward; its loss falls on the shipped text."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -125,6 +127,29 @@ def test_megatron_annotations_make_two_all_reduces_per_block_each_way(layers, tp
     shown = overview(plan)
     assert "h0.wq S(1), h0.wk S(1)" in shown
     assert f"predicted communication: {plan.communication_per_step():,} bytes a step" in shown
+
+
+def test_a_pipeline_of_tensor_parallel_stages_has_several_micro_batches_in_flight(tmp_path):
+    """A stage's all-reduces within its process launch when they can act, by priority, not
+    in the collective order: in that order each micro-batch's backward all-reduces came
+    before the next one's forward ones, and one micro-batch went through the pipeline at
+    a time. Under 1F1B the first stage ends its second forward while the last one runs
+    the first forward and backward."""
+    trace = tmp_path / "t.json"
+    layout = {"stages": [["cpu:0", "cpu:1"], ["cpu:2", "cpu:3"]], "tensor_parallel": 2, "micro_batches": 4}
+    train(config(layout), trace=str(trace))
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "compute"]
+
+    def of(stage: int, phase: str, micro_batch: int) -> list[dict]:
+        return [
+            e
+            for e in spans
+            if tuple(e["args"].get(k) for k in ("iteration", "stage", "phase", "micro_batch"))
+            == (0, stage, phase, micro_batch)
+        ]
+
+    second_forward_ends = max(e["ts"] + e["dur"] for e in of(0, "forward", 1))
+    assert second_forward_ends < min(e["ts"] for e in of(0, "backward", 0))
 
 
 def test_the_shipped_config_trains_and_its_loss_falls():

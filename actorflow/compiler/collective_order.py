@@ -3,12 +3,13 @@ collective as early as its inputs are ready (so a gradient's all-reduce follows 
 backward op that made it, not the whole backward pass), and of two whose producers could
 start at once, first the one the compute streams launch first (``topology.ready_order``).
 
-Every rank runs its collectives in this order, which is what keeps them deadlock-free.
-With micro-batches, collectives may act at two rates (see ``Actor.every``): those that
-act once per step and read only per-step values (an all-gather of a sharded parameter)
-come first, then those acting once per micro-batch, then the per-step ones reading
-accumulated values (a gradient's all-reduce); a collective stream runs the middle part
-once per micro-batch (``runtime.driver.step_order``).
+Every rank runs its collectives over ranks in this order, which is what keeps them
+deadlock-free (a collective stream within one process launches what can act, by
+priority: ``runtime.wiring``). With micro-batches, collectives may act at two rates (see
+``Actor.every``): those that act once per step and read only per-step values (an
+all-gather of a sharded parameter) come first, then those acting once per micro-batch,
+then the per-step ones reading accumulated values (a gradient's all-reduce); a
+collective stream runs the middle part once per micro-batch (``runtime.wiring.step_order``).
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ queued behind it. When a stream is fed by one other stream only, its queue follo
 stream's order and the wait costs nothing: those inputs get events. A stream fed by
 several (the host counts as one where the stream carries feeds: a copy stream with
 feeds, fetches and device-to-device copies) gets its inputs only at the producer's
-completion. A collective stream is the exception: it runs its collectives in one fixed
-order, so nothing queued behind a waiting collective could have run first, and its inputs
-get events whatever feeds it (no round trip through the host before each collective). An
+completion. A collective stream is the exception: its inputs get events whatever feeds
+it (no round trip through the host before each collective). Over ranks it runs its
+collectives in one fixed order, so nothing queued behind a waiting collective could have
+run first; within a process it launches a collective only once every input of it was
+launched, so a wait on an event there holds up nothing that could have gone first. An
 actor that reads one register twice waits once.
 
 Across ranks nothing waits on an event that only another rank can complete. The

@@ -238,15 +238,31 @@ def wire(
     _host_moves(plan, units)
 
     streams = []
+    spanning = _spanning_ranks(plan)
     for stream in plan.streams:
         if rank not in (None, stream.rank):
             continue
         on_it = [u for u in units if u.stream == stream.id]
-        if stream.kind == "collective":  # the collective order, as the plan lists collectives
+        if stream.id in spanning:  # the collective order, as the plan lists collectives
             streams.append(StreamWiring(stream, on_it, step_order(on_it, plan.micro_batches)))
         else:
             streams.append(StreamWiring(stream, sorted(on_it, key=lambda u: u.priority), None))
     return Wiring(members, units, streams, buffers)
+
+
+def _spanning_ranks(plan: Plan) -> set[int]:
+    """The collective streams that run a collective with participants on several ranks:
+    those follow the collective order, which every rank follows alike. A collective
+    within one process is one unit of all its participants, and launches, as a compute
+    stream's units do, when it can act, by priority: in a fixed order, a stage's tensor-
+    parallel all-reduces ran each micro-batch's backward ones before the next
+    micro-batch's forward ones, one micro-batch in flight through the pipeline."""
+    spanning: set[int] = set()
+    for coll in plan.collectives:
+        actors = [plan.actors[a] for a in coll.actors]
+        if len({plan.rank_of(a.device) for a in actors}) > 1:
+            spanning.update(a.stream for a in actors)
+    return spanning
 
 
 def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:

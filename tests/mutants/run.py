@@ -2,7 +2,7 @@
 catch each: every mutant must make some test fail (in its ``files``: the runtime's
 mutants ``FILES``, a parameter-server run's survival ``test_survival.py``).
 
-    python tests/mutants/run.py            # every mutant (35 of them: about 45 minutes on 2 cores)
+    python tests/mutants/run.py            # every mutant (36 of them: about 45 minutes on 2 cores)
     python tests/mutants/run.py releases   # the mutants whose name contains 'releases'
 
 The working tree is never touched: each mutant is applied to a fresh copy of ``actorflow/``,
@@ -320,6 +320,14 @@ MUTANTS = [
         "                    stream = compute.get(unit.actor.device, own)\n",
         "                    stream = own\n",
         ("tests/test_replay.py",),
+    ),
+    Mutant(
+        "in-process-collectives-in-the-collective-order",
+        "a collective stream within one process launches in the collective order, a micro-batch's backward all-reduces before the next one's forward ones",
+        "actorflow/runtime/wiring.py",
+        "        if stream.id in spanning:",
+        '        if stream.kind == "collective":',
+        ("tests/test_transformer.py",),
     ),
 ]
 
