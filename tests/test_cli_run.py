@@ -13,6 +13,7 @@ import pytest
 from actorflow.config import load_config
 from actorflow.trace import summarize
 from actorflow.training import compile_config
+from actorflow.training.machine import SIZES
 from test_cli import run_cli
 from test_config import BASELINE_YAML, MALFORMED
 
@@ -117,6 +118,8 @@ def test_run_prints_the_table_and_writes_metrics_and_trace(capsys, tmp_path, tin
     chrome = json.loads(trace.read_text())
     assert chrome["traceEvents"]
     assert f"trace written to {trace}" in out
+    timed = chrome["otherData"]["machine"]["matmul"]  # for calibrating: this machine's products
+    assert [row[:3] for row in timed] == [[s, s, s] for s in SIZES] and all(row[3] > 0 for row in timed)
     # the report's share of the critical path between kernels is the trace's
     share = summarize(chrome).critical_path.shares["gap"]
     assert data["critical_path_handoff_share"] == pytest.approx(share)

@@ -20,7 +20,7 @@ from actorflow.runtime import Session
 from actorflow.runtime.virtual import Host, Timing, meets, simulate
 from actorflow.runtime.wiring import wire
 from actorflow.simulate import CostModel, Link, calibrate, fit_crowding, layouts, predict
-from actorflow.simulate.costs import CalibrationError, fit, shipped
+from actorflow.simulate.costs import CalibrationError, fit, flop_rates, shipped
 from actorflow.simulate.layouts import Candidate, bound, candidates, predict_layout, search
 from actorflow.simulate.predict import Beside, _polled, gil_shares, replayed_orders, step_time, unit_times
 from actorflow.trace.metrics import summarize
@@ -151,6 +151,30 @@ def test_the_fit_recovers_known_costs_per_kind():
         assert ops[kind] == pytest.approx(costs, rel=0.02, abs=1e-13), kind
 
 
+def test_a_kinds_seconds_a_flop_the_machine_timed_are_held_where_its_acts_cannot_tell_them():
+    """A small model's products all have one flops per byte: alone, the fit may split
+    their time between the two rates as it likes, and a wider model's product, of far
+    more flops per byte, comes out wrong."""
+    a, b, c = KNOWN.ops["matmul"]
+    small = [{"matmul": (1, 20.0 * x, x)} for x in (1e4, 3e4, 1e5, 3e5)]
+    samples = [(f, KNOWN.seconds(f)) for f in small]
+    wide = {"matmul": (1, 2e11, 1e8)}
+    guessed, overall = fit(samples)
+    assert CostModel(guessed, overall).seconds(wide) < 0.6 * KNOWN.seconds(wide)
+    held, overall = fit(samples, {"matmul": b})
+    assert held["matmul"] == pytest.approx((a, b, c), rel=0.05)
+    assert CostModel(held, overall).seconds(wide) == pytest.approx(KNOWN.seconds(wide), rel=1e-3)
+
+
+def test_the_machines_products_in_a_trace_are_sizes_and_seconds_or_one_line_says_not():
+    timed = {"matmul": [[512, 512, 512, 4e-3], [1024, 1024, 1024, 2e-2]]}  # the larger, the faster
+    assert flop_rates(timed, "t.json") == {"matmul": pytest.approx(2e-2 / (2 * 1024**3))}
+    assert flop_rates({}, "t.json") == {}
+    for bad in ({"matmul": [[512, 512, 2e-3]]}, {"matmul": [[0, 512, 512, 2e-3]]}, []):
+        with pytest.raises(CalibrationError, match="^t.json: otherData.machine is not this machine's timed"):
+            flop_rates(bad, "t.json")
+
+
 def test_a_run_of_several_steps_overlaps_them_and_pays_the_host_time_between_runs_once():
     """(Without GIL hand-overs: with KNOWN's, the busier threads of overlapped steps wait
     for the GIL longer than the time between runs they save.)"""
@@ -172,7 +196,10 @@ def test_calibrating_on_a_trace_with_known_costs_gives_them_back():
     config = load_config("configs/default.yaml", ["train.steps=4", "train.steps_per_run=2"])  # two runs
     plan = compile_config(config, 1)
     made = predict(config, KNOWN, plan)
-    model = calibrate(with_config(made.chrome, config), "synthetic")
+    product = {"matmul": (1, 2.0 * 1024**3, 3 * 1024**2 * 4.0)}
+    machine = {"matmul": [[1024, 1024, 1024, KNOWN.seconds(product)]]}  # as a run of this machine timed it
+    model = calibrate(with_config(made.chrome, config, machine), "synthetic")
+    assert model.ops["matmul"][1] == flop_rates(machine, "")["matmul"]
     wiring = wire(plan, 0, allocate=False)
     assert unit_costs(plan, wiring, model) == pytest.approx(unit_costs(plan, wiring, KNOWN), rel=0.03)
     assert (model.launch, model.between) == pytest.approx((KNOWN.launch, KNOWN.between), rel=1e-3)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -240,27 +240,60 @@ def _flops(op: str, attrs_: dict, ins: list[tuple[int, ...]], outs: list[tuple[i
     return float(max([out, *(math.prod(s) for s in ins)], default=0))
 
 
-def fit(samples: Iterable[tuple[Features, float]]) -> tuple[dict[str, tuple[float, float, float]], tuple]:
+def flop_rates(machine: Any, where: str) -> dict[str, float]:
+    """Per op kind, the seconds a flop the machine took in a trace's ``otherData.machine``
+    (``training.machine``): a product's fastest over its sizes, the largest's, where the
+    arithmetic outweighs the call and the memory; a CalibrationError where it isn't
+    ``{"matmul": [[m, k, n, seconds], ...]}`` of positive numbers."""
+    try:
+        rows = [(int(m), int(k), int(n), float(t)) for m, k, n, t in machine.get("matmul", [])]
+        if not all(min(row) > 0 and math.isfinite(row[3]) for row in rows):
+            raise ValueError("a size or time that is not positive")
+    except (AttributeError, TypeError, ValueError) as e:
+        raise CalibrationError(
+            f"{where}: otherData.machine is not this machine's timed products ({e})"
+        ) from None
+    return {"matmul": min(t / (2.0 * m * k * n) for m, k, n, t in rows)} if rows else {}
+
+
+def fit(
+    samples: Iterable[tuple[Features, float]], rates: Mapping[str, float] | None = None
+) -> tuple[dict[str, tuple[float, float, float]], tuple]:
     """Per kind (seconds a call, a flop, a byte) and the fit over every kind, from acts'
-    features and measured seconds (see the module's docstring)."""
+    features and measured seconds (see the module's docstring); ``rates``: per kind, the
+    seconds a flop where the machine told it (``flop_rates``), held in that kind's fit.
+
+    A small model's acts of a kind may all have about the same flops per byte, which
+    leaves the two rates to the least squares' whim: the MLP's matrix products were
+    fitted as memory-bound alone, and a model 30 times wider predicted 20 times too
+    fast."""
     samples = list(samples)
+    rates = rates or {}
     kinds = sorted({k for f, _ in samples for k in f})
     weight = np.array([1.0 / max(t, 1e-7) for _, t in samples])  # relative errors count
     scale = _scales(samples)
     whole = np.array([_row({"*": _total(f)}, ["*"], scale) for f, _ in samples]) * weight[:, None]
     target = np.array([t for _, t in samples]) * weight
     overall = nnls(whole, target) if samples else np.zeros(3)
-    rows = [np.array(_row(f, kinds, scale)) * w for (f, _), w in zip(samples, weight)]
+    rows = np.array([_row(f, kinds, scale) for f, _ in samples]).reshape(len(samples), -1) * weight[:, None]
+    held = {3 * j + 1: rates[k] * scale[1] for j, k in enumerate(kinds) if k in rates}
+    for column, value in held.items():
+        target = target - rows[:, column] * value
+        rows[:, column] = 0.0
     pull = RIDGE / float(np.median([t for _, t in samples])) if samples else 0.0
     prior = []
-    for j in range(len(kinds)):  # a kind's fit, less the fit over every kind, relative to a typical act
-        for p in range(3):
+    for column in range(
+        3 * len(kinds)
+    ):  # a kind's fit, less the fit over every kind, relative to a typical act
+        if column not in held:
             row = np.zeros(3 * len(kinds))
-            row[3 * j + p] = pull
-            prior.append((row, pull * overall[p]))
-    a = np.array(rows + [r for r, _ in prior])
+            row[column] = pull
+            prior.append((row, pull * overall[column % 3]))
+    a = np.concatenate([rows, np.array([r for r, _ in prior]).reshape(len(prior), -1)])
     b = np.concatenate([target, [v for _, v in prior]])
     solved = nnls(a, b) if len(kinds) else np.zeros(0)
+    for column, value in held.items():
+        solved[column] = value
     ops = {k: tuple(float(solved[3 * j + p] / scale[p]) for p in range(3)) for j, k in enumerate(kinds)}
     return ops, tuple(float(overall[p] / scale[p]) for p in range(3))  # type: ignore[return-value]
 

@@ -44,7 +44,18 @@ from ..trace.recorder import Recorder
 from ..training import survival
 from ..training.parameter_server import run_end, run_starts
 from ..training.runner import RunResult, compile_config, measure
-from .costs import NODE, CalibrationError, CostModel, Link, features, fit, nnls, ring_terms, shipped
+from .costs import (
+    NODE,
+    CalibrationError,
+    CostModel,
+    Link,
+    features,
+    fit,
+    flop_rates,
+    nnls,
+    ring_terms,
+    shipped,
+)
 
 MAX_CONTENTION = 16.0
 """The most ``CostModel.contention`` a calibration gives."""
@@ -331,6 +342,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
     launch, hop = _host_times(trace, threads)
     kernels = Beside.of(trace, threads, launch)
     makespan, gap = _runs_measured(trace, config, where)
+    rates = flop_rates(other.get("machine", {}), where)
 
     def fitted(contention: float, gil: Mapping[str, float] | None) -> CostModel:
         durations = kernels.alone(contention, gil)
@@ -342,7 +354,7 @@ def calibrate(chrome: dict[str, Any], where: str) -> CostModel:
         ]
         if not samples:
             raise CalibrationError(f"{where}: a trace with no kernel of its config's plan")
-        ops, overall = fit(samples)
+        ops, overall = fit(samples, rates)
         return CostModel(
             ops,
             overall,

@@ -25,6 +25,7 @@ from ..trace.recorder import STEP, TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
 from . import checkpoint, parameter_server, survival
 from .data import Data, Part, dataset, position, step_feeds
+from .machine import matmul_seconds
 from .model import build_graph
 from .parameter_server import rank_devices, server_devices
 from .stopping import Interrupts, Stop, nonfinite
@@ -303,7 +304,10 @@ class _Training:
             else (0, 0, 0)
         )
         if trace is not None:
-            write_chrome(with_config(chrome, config), rank_path(trace, rank) if plan.world > 1 else trace)
+            machine = {"matmul": matmul_seconds(config.model.dtype)} if plan.world == 1 else None
+            write_chrome(
+                with_config(chrome, config, machine), rank_path(trace, rank) if plan.world > 1 else trace
+            )
         # gathered while the session still hears of lost ranks, so none waits for good
         gathered = gather((chrome, stats, parameters, counted), session.check) if plan.world > 1 else None
         if gathered is not None:
@@ -432,10 +436,14 @@ def measure(
     )
 
 
-def with_config(chrome: dict[str, Any], config: Config) -> dict[str, Any]:
+def with_config(
+    chrome: dict[str, Any], config: Config, machine: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """A trace that says which config ran (``otherData.config``), so ``actorflow simulate
-    --calibrate`` can rebuild its plan's shapes."""
-    return chrome | {"otherData": chrome.get("otherData", {}) | {"config": config.to_dict()}}
+    --calibrate`` can rebuild its plan's shapes, and what ``machine`` timed of the machine
+    it ran on (``otherData.machine``, see ``machine``) where given."""
+    other = chrome.get("otherData", {}) | {"config": config.to_dict()}
+    return chrome | {"otherData": other if machine is None else other | {"machine": machine}}
 
 
 def local_feeds(plan: Plan, rank: int) -> dict[str, Part]:
