@@ -12,7 +12,7 @@ import pytest
 
 from actorflow.config import load_config
 from actorflow.trace import summarize
-from actorflow.training import compile_config
+from actorflow.training import compile_config, report
 from actorflow.training.machine import SIZES
 from test_cli import run_cli
 from test_config import BASELINE_YAML, MALFORMED
@@ -294,3 +294,11 @@ def test_a_trace_past_its_limit_keeps_the_last_steps_and_says_so(capsys, tmp_pat
         in out
     )
     assert f"bubble measured over steps {kept_from}-19 ({20 - kept_from} of the 20)" in out
+
+
+@pytest.mark.parametrize(
+    ("per_second", "shown"), [(35132.4, "35,132"), (100.0, "100"), (42.25, "42.2"), (0.027298, "0.0273")]
+)
+def test_samples_a_second_show_three_digits_at_least(per_second, shown):
+    """A predicted step of a large model is a fraction of a sample a second, not 0."""
+    assert report._rate(per_second) == shown
