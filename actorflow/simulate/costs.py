@@ -242,8 +242,8 @@ def _flops(op: str, attrs_: dict, ins: list[tuple[int, ...]], outs: list[tuple[i
 
 def flop_rates(machine: Any, where: str) -> dict[str, float]:
     """Per op kind, the seconds a flop the machine took in a trace's ``otherData.machine``
-    (``training.machine``): a product's fastest over its sizes, the largest's, where the
-    arithmetic outweighs the call and the memory; a CalibrationError where it isn't
+    (``training.machine``): a product's fewest over its sizes (the largest's, where the
+    arithmetic outweighs the call and the memory); a CalibrationError where it isn't
     ``{"matmul": [[m, k, n, seconds], ...]}`` of positive numbers."""
     try:
         rows = [(int(m), int(k), int(n), float(t)) for m, k, n, t in machine.get("matmul", [])]
@@ -264,9 +264,9 @@ def fit(
     seconds a flop where the machine told it (``flop_rates``), held in that kind's fit.
 
     A small model's acts of a kind may all have about the same flops per byte, which
-    leaves the two rates to the least squares' whim: the MLP's matrix products were
-    fitted as memory-bound alone, and a model 30 times wider predicted 20 times too
-    fast."""
+    leaves the two rates to the least squares' whim: the transformer's matrix products
+    were fitted as memory-bound alone, and a product 30 times wider came out 20 times
+    too fast."""
     samples = list(samples)
     rates = rates or {}
     kinds = sorted({k for f, _ in samples for k in f})
@@ -282,9 +282,8 @@ def fit(
         rows[:, column] = 0.0
     pull = RIDGE / float(np.median([t for _, t in samples])) if samples else 0.0
     prior = []
-    for column in range(
-        3 * len(kinds)
-    ):  # a kind's fit, less the fit over every kind, relative to a typical act
+    # a kind's fit, less the fit over every kind, relative to a typical act
+    for column in range(3 * len(kinds)):
         if column not in held:
             row = np.zeros(3 * len(kinds))
             row[column] = pull

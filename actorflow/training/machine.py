@@ -4,9 +4,9 @@ A run's kernels are its model's sizes. A small model's products all have about t
 flops per byte, so a cost model fitted on them alone cannot tell a product's arithmetic
 rate from its memory rate: extrapolated to a model 30 times wider, the shipped
 transformer calibration's products were 20 times too fast (``simulate.costs.fit``). A
-trace of one process therefore also carries how long numpy's product of two larger
-square matrices took here, after the run, with one BLAS thread as a stream runs it
-(``otherData.machine``); calibrating holds a product's seconds a flop at theirs.
+trace of one process on CPUs therefore also carries how long numpy's product of two
+larger square matrices took here, after the run, with one BLAS thread as a stream runs
+it (``otherData.machine``); calibrating holds a product's seconds a flop at theirs.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np
 from ..runtime.blas import single_threaded_blas
 
 SIZES = (512, 1024)
-"""The products' sides: where BLAS reaches its full rate (74-78 GFLOP/s on one thread
-here, against 30 at a 64 side; a 1024-side product took 28 ms, most of the probe's
-0.13 s in float32)."""
+"""The products' sides: where BLAS nears its full rate (on one thread here, 58 and 75
+GFLOP/s, 92 at 1024 in a quieter minute, against 23 at a 64 side; a 1024-side product
+took 28 ms, most of the probe's 0.13 s in float32)."""
 REPEATS = 3
 
 

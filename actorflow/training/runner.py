@@ -13,6 +13,7 @@ import numpy as np
 from ..compiler import compile
 from ..compiler.schedules import ZERO_BUBBLE, kept_for_backward
 from ..config import Config
+from ..devices import is_cuda
 from ..errors import RankLost
 from ..plan import Plan
 from ..runtime import Session
@@ -304,7 +305,8 @@ class _Training:
             else (0, 0, 0)
         )
         if trace is not None:
-            machine = {"matmul": matmul_seconds(config.model.dtype)} if plan.world == 1 else None
+            on_cpus = plan.world == 1 and not any(map(is_cuda, config.parallel.devices))
+            machine = {"matmul": matmul_seconds(config.model.dtype)} if on_cpus else None
             write_chrome(
                 with_config(chrome, config, machine), rank_path(trace, rank) if plan.world > 1 else trace
             )
