@@ -301,4 +301,4 @@ def test_a_trace_past_its_limit_keeps_the_last_steps_and_says_so(capsys, tmp_pat
 )
 def test_samples_a_second_show_three_digits_at_least(per_second, shown):
     """A predicted step of a large model is a fraction of a sample a second, not 0."""
-    assert report._rate(per_second) == shown
+    assert report.rate(per_second) == shown

@@ -5,6 +5,7 @@ input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from collections import defaultdict
 from types import SimpleNamespace
@@ -571,6 +572,21 @@ def test_simulate_prints_the_run_report_marked_predicted_and_writes_metrics_and_
     data = json.loads(metrics.read_text())
     assert data["predicted"] is True and len(data["stages"]) == 2
     assert parse(json.loads(trace.read_text())).spans
+
+
+def test_a_layout_prints_what_all_its_replicas_make_together(capsys, calibration):
+    """The report is one replica's (its share of the batch); the line above it says what
+    the whole layout makes, so a large model's layout is not read as a fraction of a
+    sample a second."""
+    code, out, err = run_cli(
+        capsys, "simulate", "configs/default.yaml", "--calibrate", calibration, "--layout", "2,1,2"
+    )
+    assert code == 0, err
+    together = re.search(r"all 2 together: 256 samples a step, ([\d,]+) samples/s", out)
+    replica = re.search(r"steps of 128 samples in [\d.]+ s: ([\d,]+) samples/s; step time ([\d.]+) ms", out)
+    assert together and replica, out
+    assert int(together[1].replace(",", "")) == pytest.approx(256 / (float(replica[2]) / 1e3), rel=1e-3)
+    assert int(together[1].replace(",", "")) == pytest.approx(2 * int(replica[1].replace(",", "")), abs=2)
 
 
 def test_a_predictions_kernel_seconds_a_step_are_its_simulated_steps_whatever_the_steps_asked():

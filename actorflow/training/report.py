@@ -10,7 +10,7 @@ from ..text import columns, count
 from .runner import RunResult
 
 
-def _rate(per_second: float) -> str:
+def rate(per_second: float) -> str:
     """Whole numbers with thousands separators; below 100, three significant digits (a
     predicted run of a large model makes a fraction of a sample a second)."""
     return f"{per_second:,.0f}" if per_second >= 100 else f"{per_second:.3g}"
@@ -20,7 +20,7 @@ def table(config: Config, result: RunResult) -> str:
     parallel = config.parallel
     done = (
         f"{_steps(config, result)} of {config.train.batch_size} samples in {result.seconds:.2f} s: "
-        f"{_rate(result.samples_per_second)} samples/s"
+        f"{rate(result.samples_per_second)} samples/s"
     )
     lines = [
         f"predicted (simulated, no kernel run): {done}; step time {result.seconds / result.steps * 1e3:.3f} ms"
