@@ -65,6 +65,7 @@ MLP = [
 TRANSFORMER = [
     ("transformer (tp 2, m2)", "transformer", [], 1),
     ("transformer zb1", "transformer", ["parallel.schedule=zb1"], 1),
+    ("transformer, 2 ranks", "transformer", [], 2),
 ]
 CALIBRATION = {
     "mlp": ("gpipe", ["parallel.micro_batches=2"]),
