@@ -132,15 +132,17 @@ def test_a_bound_chain_calls_what_the_chain_calls_and_notes_a_failing_part_alike
         (kernels.add, {}, (0, 1), (0,), False, "a", "line a"),
         (accumulate, {"micro_batches": 2}, (~0,), (1,), True, "b", "line b"),
         (kernels.matmul, {"transpose_b": True}, (~0, 2), (2,), False, "c", "line c"),
+        (kernels.relu, {}, (~2,), (3,), False, "d", "line d"),  # one source, a later output
     )
     ins = [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), rng.standard_normal((5, 4)), phase]
-    start = [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), np.zeros((3, 5))]
+    start = [rng.standard_normal((3, 4)), rng.standard_normal((3, 4)), np.zeros((3, 5)), np.zeros((3, 5))]
     ours, theirs = [o.copy() for o in start], [o.copy() for o in start]
     bind(parts)(ins, ours)
     chain(ins, theirs, parts)
     for a, b in zip(ours, theirs):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(ours[2], (ins[0] + ins[1]) @ ins[2].T)
+    np.testing.assert_allclose(ours[3], np.maximum(ours[2], 0))
     ins[2] = rng.standard_normal((5, 3))  # part c now fails
     notes = []
     for run in (bind(parts), lambda i, o: chain(i, o, parts)):
