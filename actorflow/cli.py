@@ -350,12 +350,11 @@ def _simulate(config, args) -> int:
             config, prediction = predict_layout(
                 config, model, layout, ranks=args.ranks if args.ranks > 1 else None
             )
-            samples = layout[0] * config.train.batch_size
             print(
                 f"one of {layout[0]} data-parallel replicas simulated over {layout[1] * layout[2]} devices in "
                 f"{args.ranks if args.ranks > 1 else layout[2]} ranks; its gradients' all-reduce charged by the "
-                f"links; all {layout[0]} together: {samples} samples a step, "
-                f"{rate(samples / prediction.step_seconds)} samples/s"
+                f"links; all {layout[0]} together: {layout[0] * config.train.batch_size} samples a step, "
+                f"{rate(layout[0] * prediction.result.samples_per_second)} samples/s"
             )
         else:
             prediction = predict(config, model, ranks=args.ranks)

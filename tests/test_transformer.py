@@ -3,12 +3,11 @@ over several (tensor parallel Megatron-style, data parallel, pipeline stages), i
 with the same parameters; the Megatron annotations make exactly two all-reduces per
 block forward and two backward; its loss falls on the shipped text."""
 
-import json
-
 import numpy as np
 import pytest
 
 from actorflow.config import load_config, parse_config
+from actorflow.trace.parse import load, parse
 from actorflow.training import compile_config, train
 from actorflow.training.data import TEXT, dataset, text_ids
 from actorflow.views import overview
@@ -138,18 +137,18 @@ def test_a_pipeline_of_tensor_parallel_stages_has_several_micro_batches_in_fligh
     trace = tmp_path / "t.json"
     layout = {"stages": [["cpu:0", "cpu:1"], ["cpu:2", "cpu:3"]], "tensor_parallel": 2, "micro_batches": 4}
     train(config(layout), trace=str(trace))
-    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "compute"]
+    spans = [s for s in parse(load(trace)).spans if s.category == "compute"]
 
-    def of(stage: int, phase: str, micro_batch: int) -> list[dict]:
+    def of(stage: int, phase: str, micro_batch: int) -> list:
         return [
-            e
-            for e in spans
-            if tuple(e["args"].get(k) for k in ("iteration", "stage", "phase", "micro_batch"))
+            s
+            for s in spans
+            if tuple(s.args.get(k) for k in ("iteration", "stage", "phase", "micro_batch"))
             == (0, stage, phase, micro_batch)
         ]
 
-    second_forward_ends = max(e["ts"] + e["dur"] for e in of(0, "forward", 1))
-    assert second_forward_ends < min(e["ts"] for e in of(0, "backward", 0))
+    second_forward_ends = max(s.end for s in of(0, "forward", 1))
+    assert second_forward_ends < min(s.start for s in of(0, "backward", 0))
 
 
 def test_the_shipped_config_trains_and_its_loss_falls():

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..plan import Actor, Collective, Plan
 from .transport import Transport
-from .wiring import bound
+from .wiring import bound, ranks_of
 
 
 class Across:
@@ -82,11 +82,6 @@ class Across:
         self.transport.wait(
             comm.Iallgatherv(MPI.IN_PLACE, [out.view(np.uint8), nbytes, displacements, MPI.BYTE])
         )
-
-
-def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
-    """The ranks a collective's participants are on, in order: its group."""
-    return tuple(sorted({plan.rank_of(plan.actors[a].device) for a in coll.actors}))
 
 
 def channel_of(plan: Plan, coll: Collective) -> tuple[tuple[str, ...], int]:

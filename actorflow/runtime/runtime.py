@@ -41,7 +41,7 @@ from ..plan import Plan
 from ..trace.recorder import TRACE_LIMIT, Recorder
 from ..world import LOST_AFTER
 from .blas import single_threaded_blas
-from .collectives import across_ranks, channel_of, ranks_of
+from .collectives import across_ranks, channel_of
 from .cuda import Gpus
 from .debug import ActorLog
 from .device import Programs
@@ -54,7 +54,7 @@ from .replay import Replay
 from .spans import SpanMaker
 from .stall import Watchdog
 from .transport import Transport
-from .wiring import Member, Unit, Wiring, wire
+from .wiring import Member, Unit, Wiring, ranks_of, wire
 
 Order = Literal["replay", "dynamic"]
 

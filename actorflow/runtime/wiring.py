@@ -257,12 +257,12 @@ def _spanning_ranks(plan: Plan) -> set[int]:
     stream's units do, when it can act, by priority: in a fixed order, a stage's tensor-
     parallel all-reduces ran each micro-batch's backward ones before the next
     micro-batch's forward ones, one micro-batch in flight through the pipeline."""
-    spanning: set[int] = set()
-    for coll in plan.collectives:
-        actors = [plan.actors[a] for a in coll.actors]
-        if len({plan.rank_of(a.device) for a in actors}) > 1:
-            spanning.update(a.stream for a in actors)
-    return spanning
+    return {plan.actors[a].stream for c in plan.collectives if len(ranks_of(plan, c)) > 1 for a in c.actors}
+
+
+def ranks_of(plan: Plan, coll: Collective) -> tuple[int, ...]:
+    """The ranks a collective's participants are on, in order: its group."""
+    return tuple(sorted({plan.rank_of(plan.actors[a].device) for a in coll.actors}))
 
 
 def step_order(units: list[Unit], micro_batches: int) -> list[Unit]:
