@@ -169,19 +169,41 @@ def test_a_replayed_block_is_as_many_steps_as_bring_every_buffer_round(micro_bat
     assert all(s["max_held"] <= s["quota"] for s in stats.values())
 
 
-@pytest.mark.parametrize(("quota", "simulated"), [(2, [12]), (8, [36, 54])])
-def test_a_schedule_simulates_a_few_steps_and_more_only_where_the_order_settles_later(
-    monkeypatch, quota, simulated
-):
-    """2 steps before the blocks checked and 2 after, then a period and more (a chain at
-    quota 8 takes longer to settle); the long one's program replays as the drivers run."""
-    steps: list[int] = []
+def trained_over_two_devices() -> af.Plan:
+    """A parameter's product, sent to a second device and summed, trained by SGD: its order
+    settles a step later than a chain's."""
+    with af.Graph() as g:
+        x = af.placeholder("x", (4, 3), "float64", "cpu:0")
+        w = af.parameter("w", np.linspace(-1, 1, 9).reshape(3, 3), "cpu:0")
+        loss = af.ops.sum(af.ops.to_device(af.ops.relu(af.ops.matmul(x, w)), "cpu:1"))
+        af.minimize(loss, af.optim.SGD(lr=0.1))
+        af.output("y", loss)
+    return af.compile(g)
+
+
+@pytest.mark.parametrize(
+    ("plan", "lead", "feed"),
+    [
+        (chain(2, 2), 2, lambda rng: {"x": rng.standard_normal(3)}),
+        (chain(2, 8), 2, lambda rng: {"x": rng.standard_normal(3)}),
+        (trained_over_two_devices(), 3, lambda rng: {"x": rng.standard_normal((4, 3))}),
+    ],
+    ids=["chain at quota 2", "chain at quota 8", "trained over two devices"],
+)
+def test_a_schedule_simulates_until_its_order_repeats(monkeypatch, plan, lead, feed):
+    """One simulation, checked as it goes: it ends a step past the first blocks that
+    repeat, ``lead`` steps in on its slowest stream (a chain at quota 8 settles 2 steps
+    in, once no end of the simulation comes 2 steps after its blocks); the program
+    replays as the drivers run."""
+    ran: list = []
     real = program.simulate
-    monkeypatch.setattr(program, "simulate", lambda w, m, n, **k: steps.append(n) or real(w, m, n, **k))
-    plan = chain(2, quota)
-    assert isinstance(schedule(plan, 0), Program) and steps == simulated
+    monkeypatch.setattr(program, "simulate", lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])
+    got = schedule(plan, 0)
+    assert isinstance(got, Program) and len(ran) == 1
+    steps = min(len(acts) // sum(e.step == 0 for e in acts) for acts in ran[0] if acts)
+    assert steps == lead + 4 * got.period + 1
     rng = np.random.default_rng(0)
-    replays_as_the_drivers_run(plan, [{"x": rng.standard_normal(3)} for _ in range(11)])
+    replays_as_the_drivers_run(plan, [feed(rng) for _ in range(11)])
 
 
 def test_what_is_not_replayed_and_why(monkeypatch):

@@ -35,14 +35,14 @@ from .wiring import Member, StreamWiring, Wiring, acts_in, wire
 
 MAX_PERIOD = 16
 """Steps within which a schedule must repeat to be replayed."""
-SHORT = (2, 2)
-"""The lead and the tail, in steps, of a schedule's first simulation: the steps before
-the blocks it checks (2 periods back, the block, 1 on) and after them. Where the order
-has not settled by then, or the run's end reaches into them, it simulates again with a
-lead of a period and 2 steps and a tail of a period and 4. The shipped configs' 35
-variants settle within the short one, to the same programs (the default config's
-schedule: 25 against 56 ms); a fifth of the random plans of the property tests need the
-long one. The suite: 410 against 443 CPU-s."""
+SHORT_LEAD = 2
+"""The steps before the blocks a schedule's simulation first checks (2 periods back, the
+block, 1 on). It checks as it goes: as soon as every stream has run a step past those
+blocks, then one step later, and so on up to a lead of a period and 2 steps, and ends at
+the first that repeats (the shipped configs' do at the first; a fifth of the random plans
+of the property tests need a later one). Its length leaves a tail of a period and 4 steps
+after the last. It once simulated 2 steps past the first check's blocks, and afresh for
+the second check with the full tail."""
 STALLS = "it can stall (its simulation did)"
 """Why a plan whose simulation stalled is not replayed (the drivers will say where)."""
 MAX_SIMULATED_ACTS = 300_000
@@ -110,40 +110,59 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     period = steps_to_repeat(plan)
     if period > MAX_PERIOD:
         return f"its quotas and phases repeat every {period} steps, more than {MAX_PERIOD}"
-    attempts = (SHORT, (period + 2, period + 4))
     whole = plan.world > 1 or rank is None
     simulated = [a for a in plan.actors if whole or plan.rank_of(a.device) == rank]
-    longest = _steps(period, *attempts[-1]) * plan.micro_batches
-    if sum(acts_in(a, longest) for a in simulated) > MAX_SIMULATED_ACTS:
+    if sum(acts_in(a, _steps(period) * plan.micro_batches) for a in simulated) > MAX_SIMULATED_ACTS:
         return f"simulating it would take over {MAX_SIMULATED_ACTS} acts"
-    for lead, tail in attempts:
-        found = _programs(plan, None if whole else rank, period, lead, tail)
-        if not isinstance(found, str) or found == STALLS:
-            break
+    found = _programs(plan, None if whole else rank, period)
     if isinstance(found, str):
         return found
     return found[0 if rank is None or plan.world == 1 else 1 + rank]
 
 
-def _steps(period: int, lead: int, tail: int) -> int:
-    """The steps a simulation runs: ``lead``, the 4 periods ``_repeats`` checks, ``tail``."""
-    return lead + 4 * period + tail
+def _steps(period: int) -> int:
+    """The steps a simulation runs: a lead of a period and 2, the 4 periods ``_repeats``
+    checks, a tail of a period and 4."""
+    return (period + 2) + 4 * period + (period + 4)
 
 
-def _programs(plan: Plan, rank: int | None, period: int, lead: int, tail: int) -> list[Program] | str:
+def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     """One simulation of ``plan`` (``rank``'s part of it, None: the whole), from the
-    protocol's state afresh: the whole plan's program and, over ranks, every rank's (each
-    rank checks them all, so that all replay or none does), or why there are none."""
-    total = _steps(period, lead, tail)
+    protocol's state afresh, checked ``SHORT_LEAD`` steps in as soon as it can be, and
+    else at its end: the whole plan's program and, over ranks, every rank's (each rank
+    checks them all, so that all replay or none does), or why there are none."""
     wiring = wire(plan, rank, allocate=False)
     ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
-    ran = simulate(wiring, plan.micro_batches, total, timing=ticks)
+    per_step = [sum(acts_in(u.actor, plan.micro_batches) for u in s.units) for s in wiring.streams]
+    leads = range(SHORT_LEAD, period + 3)
+    verdicts: list[list[Program] | str] = []  # per lead checked
+
+    def settled(ran: list[list[Entry]]) -> bool:
+        while not verdicts or isinstance(verdicts[-1], str):
+            if len(verdicts) == len(leads):
+                return False
+            past = leads[len(verdicts)] + 4 * period + 1  # a step past its blocks
+            if any(len(entries) < past * n for entries, n in zip(ran, per_step)):
+                return False
+            verdicts.append(_check(plan, wiring, ran, per_step, period, leads[len(verdicts)]))
+        return True
+
+    ran = simulate(wiring, plan.micro_batches, _steps(period), timing=ticks, enough=settled)
     if ran is None:
         return STALLS
+    settled(ran)
+    return verdicts[-1] if verdicts else "its simulated order does not repeat"
+
+
+def _check(
+    plan: Plan, wiring: Wiring, ran: list[list[Entry]], per_step: list[int], period: int, lead: int
+) -> list[Program] | str:
+    """The programs of a simulation's acts so far (``ran``; ``per_step``: each stream's
+    acts a step), from blocks ``lead`` steps in, or why there are none."""
     kept = _kept(plan, wiring, ran) if plan.world > 1 else []
     programs = []
-    for r, streams in [(None, ran), *enumerate(kept)]:
-        starts = _repeats(streams, total, period, lead)
+    for r, (streams, counts) in [(None, (ran, per_step)), *enumerate(kept)]:
+        starts = _repeats(streams, counts, period, lead)
         if starts is None:
             return "its simulated order does not repeat"
         comm = [w.stream.kind == "comm" for w in _streams(plan, wiring, r)]
@@ -221,16 +240,19 @@ def _program(
     return Program(period, blocks, waits, [[tuple(sorted(w)) for w in block] for block in wakes])
 
 
-def _repeats(streams: list[list[Entry]], total: int, period: int, lead: int) -> list[tuple[int, int]] | None:
-    """Per stream of a simulation of ``total`` steps, (its block's first act, the block's
-    acts), where its acts repeat every ``period`` steps from 2 periods before the block
-    (``lead`` steps in) to one after (the same units, inputs and outputs, ``period``
-    steps on); None if some stream's don't."""
+def _repeats(
+    streams: list[list[Entry]], per_step: list[int], period: int, lead: int
+) -> list[tuple[int, int]] | None:
+    """Per stream of a simulation (``per_step``: its acts a step), (its block's first act,
+    the block's acts), where its acts repeat every ``period`` steps from 2 periods before
+    the block (``lead`` steps in) to one after (the same units, inputs and outputs,
+    ``period`` steps on); None if some stream's don't, or have not run that far."""
     starts = []
-    for entries in streams:
-        per_step = len(entries) // total  # the stream's acts a step
-        size = per_step * period
-        start = (lead + 2 * period) * per_step
+    for entries, n in zip(streams, per_step):
+        size = n * period
+        start = (lead + 2 * period) * n
+        if len(entries) < start + 2 * size:
+            return None
         for i in range(start - 2 * size, start + size):
             here, there = entries[i], entries[i + size]
             if here.key() != there.key() or there.step != here.step + period:
@@ -244,10 +266,10 @@ def _streams(plan: Plan, wiring: Wiring, rank: int | None) -> list[StreamWiring]
     return [s for s in wiring.streams if rank is None or plan.world == 1 or s.stream.rank == rank]
 
 
-def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[list[list[Entry]]]:
+def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[tuple[list[list[Entry]], list[int]]]:
     """Per rank, per stream of it, in the order they started, the simulated acts it runs:
     its own, and those of the collectives over ranks it takes part in (simulated as one
-    act, on the stream of their first participant)."""
+    act, on the stream of their first participant); and how many of them a step."""
     index = [{s.stream.id: k for k, s in enumerate(_streams(plan, wiring, r))} for r in range(plan.world)]
     lands: dict[int, list[tuple[int, int]]] = {}  # per unit, (rank, stream) of each rank it runs on
     for unit in wiring.units:
@@ -262,7 +284,14 @@ def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[list[list[
         for i, entry in enumerate(entries):
             for r, stream in lands[entry.unit.id]:
                 kept[r][index[r][stream]].append((entry.start, k, i, entry))
-    return [[[entry for *_, entry in sorted(acts)] for acts in streams] for streams in kept]
+    per_step = [[0] * len(ix) for ix in index]
+    for unit in wiring.units:
+        for r, stream in lands[unit.id]:
+            per_step[r][index[r][stream]] += acts_in(unit.actor, plan.micro_batches)
+    return [
+        ([[entry for *_, entry in sorted(acts)] for acts in streams], counts)
+        for streams, counts in zip(kept, per_step)
+    ]
 
 
 def rider(kinds: Sequence[str | None]) -> int:

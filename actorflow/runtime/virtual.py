@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import attrs
 
@@ -125,6 +125,7 @@ def simulate(
     timing: Timing | None = None,
     orders: Sequence[list[Unit]] | None = None,
     deps: bool = True,
+    enough: Callable[[list[list[Entry]]], bool] | None = None,
 ) -> list[list[Entry]] | None:
     """``runs`` runs of ``steps`` steps each, one after another (a run starts when the
     last ended), of ``wiring``'s actors on the virtual clock; the acts each stream ran, in
@@ -132,7 +133,8 @@ def simulate(
     hop. ``orders``: per stream, the units it launches in a run, in order (a replayed
     run's), instead of choosing as a driver does. ``deps`` False: the entries' ``deps``
     stay empty (the replay's schedule needs them, a prediction does not: a quarter of its
-    time)."""
+    time). ``enough``: asked after each instant of the clock, with the acts so far; True
+    ends the simulation there, with those acts."""
     index = {s.stream.id: k for k, s in enumerate(wiring.streams)}
     queues = [
         LaunchQueue(s.units, s.order if orders is None else orders[k]) for k, s in enumerate(wiring.streams)
@@ -285,6 +287,8 @@ def simulate(
                 if not busy[k]:
                     launch(k, now)
             touched.clear()
+            if enough is not None and enough(ran):
+                return ran
         if any(m.state.acts_left for m in wiring.members.values()):
             return None  # it stalls: the drivers will say where, when it does
     return ran
