@@ -136,14 +136,19 @@ def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     per_step = [sum(acts_in(u.actor, plan.micro_batches) for u in s.units) for s in wiring.streams]
     leads = range(SHORT_LEAD, period + 3)
     verdicts: list[list[Program] | str] = []  # per lead checked
+    behind = [0]  # the stream found short of the next check last time: asked first
 
     def settled(ran: list[list[Entry]]) -> bool:
         while not verdicts or isinstance(verdicts[-1], str):
             if len(verdicts) == len(leads):
                 return False
             past = leads[len(verdicts)] + 4 * period + 1  # a step past its blocks
-            if any(len(entries) < past * n for entries, n in zip(ran, per_step)):
+            if len(ran[behind[0]]) < past * per_step[behind[0]]:
                 return False
+            for k, (entries, n) in enumerate(zip(ran, per_step)):
+                if len(entries) < past * n:
+                    behind[0] = k
+                    return False
             verdicts.append(_check(plan, wiring, ran, per_step, period, leads[len(verdicts)]))
         return True
 

@@ -143,6 +143,7 @@ def simulate(
     costs, launch_s, hop, host = timing.costs, timing.launch, timing.hop, timing.host
     cpus = _Cpus(host, len(queues)) if host is not None else None
     per_step = {u.id: acts_in(u.actor, micro_batches) for u in wiring.units}
+    home = {u.id: index[u.stream] for u in wiring.units}  # each unit's stream
     ready_from: dict[tuple[int, int, int], Entry] = {}
     freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
     ran: list[list[Entry]] = [[] for _ in queues]
@@ -216,17 +217,16 @@ def simulate(
         heapq.heappush(events, (when, kind, sequence, what))
         sequence += 1
 
-    def tell(unit: Unit, now: float, k: int, news: tuple) -> None:
-        """Deliver ``news`` to ``unit``'s stream: at once on stream k, a hop later elsewhere."""
-        target = index[unit.stream]
-        if target == k or not hop:
+    def tell(now: float, k: int, news: tuple) -> None:
+        """Deliver ``news`` (member, output, buffer, input slot or -1 for a free, and the
+        member's stream) to its stream: at once on stream k, a hop later elsewhere."""
+        if news[4] == k or not hop:
             hear(news)
         else:
             push(now + hop, 1, news)
 
     def hear(news: tuple) -> None:
-        member, out, buffer, slot = news
-        k = index[member.unit.stream]
+        member, out, buffer, slot, k = news
         touched.add(k)
         if slot < 0:
             if member.state.on_free(out, buffer):
@@ -248,13 +248,13 @@ def simulate(
                 assert buffer is not None, "an act releases what it read"
                 if deps:
                     freed_by[(producer.actor.id, spec.out, buffer)].append(entry)
-                tell(producer.unit, now, k, (producer, spec.out, buffer, -1))
+                tell(now, k, (producer, spec.out, buffer, -1, home[producer.unit.id]))
             for out in act.publishes:
                 buffer = act.outputs[out]
                 for consumer, slot in member.outputs[out].by_call[act.call]:
                     if deps:
                         ready_from[(consumer.actor.id, slot, buffer)] = entry
-                    tell(consumer.unit, now, k, (consumer, out, buffer, slot))
+                    tell(now, k, (consumer, out, buffer, slot, home[consumer.unit.id]))
             member.state.complete()
         busy[k] = False
         touched.add(k)
