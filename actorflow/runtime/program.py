@@ -259,8 +259,7 @@ def _repeats(
         if len(entries) < start + 2 * size:
             return None
         for i in range(start - 2 * size, start + size):
-            here, there = entries[i], entries[i + size]
-            if here.key() != there.key() or there.step != here.step + period:
+            if not entries[i].repeated_by(entries[i + size], period):
                 return None
         starts.append((start, size))
     return starts

@@ -111,9 +111,15 @@ class Entry:
         self.end = start
         self.deps: list[Entry] = []
 
-    def key(self) -> tuple:
-        """What must repeat from one period to the next."""
-        return (self.unit.id, self.offset, *((tuple(a.inputs), tuple(a.outputs)) for a in self.acts))
+    def repeated_by(self, other: Entry, period: int) -> bool:
+        """Whether ``other`` is this act again, ``period`` steps on: the same unit, place in
+        its step, inputs and outputs."""
+        return (
+            other.unit is self.unit
+            and other.offset == self.offset
+            and other.step == self.step + period
+            and all(a.inputs == b.inputs and a.outputs == b.outputs for a, b in zip(self.acts, other.acts))
+        )
 
 
 @cyclic_gc_paused()
