@@ -128,8 +128,8 @@ def _steps(period: int) -> int:
 
 def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     """One simulation of ``plan`` (``rank``'s part of it, None: the whole), from the
-    protocol's state afresh, checked ``SHORT_LEAD`` steps in as soon as it can be, and
-    else at its end: the whole plan's program and, over ranks, every rank's (each rank
+    protocol's state afresh, checked as it goes (``SHORT_LEAD``) and, where none of those
+    checks found its order repeating, at its end: the whole plan's program and, over ranks, every rank's (each rank
     checks them all, so that all replay or none does), or why there are none."""
     wiring = wire(plan, rank, allocate=False)
     ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
@@ -155,8 +155,10 @@ def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     ran = simulate(wiring, plan.micro_batches, _steps(period), timing=ticks, enough=settled)
     if ran is None:
         return STALLS
-    settled(ran)
-    return verdicts[-1] if verdicts else "its simulated order does not repeat"
+    if verdicts and not isinstance(verdicts[-1], str):
+        return verdicts[-1]
+    # the last lead again, on every act: a stream of another rank may have lagged its own
+    return _check(plan, wiring, ran, per_step, period, leads[-1])
 
 
 def _check(
