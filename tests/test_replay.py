@@ -182,19 +182,20 @@ def trained_over_two_devices() -> af.Plan:
 
 
 @pytest.mark.parametrize(
-    ("plan", "lead", "feed"),
+    ("make", "lead", "feed"),
     [
-        (chain(2, 2), 2, lambda rng: {"x": rng.standard_normal(3)}),
-        (chain(2, 8), 2, lambda rng: {"x": rng.standard_normal(3)}),
-        (trained_over_two_devices(), 3, lambda rng: {"x": rng.standard_normal((4, 3))}),
+        (lambda: chain(2, 2), 2, lambda rng: {"x": rng.standard_normal(3)}),
+        (lambda: chain(2, 8), 2, lambda rng: {"x": rng.standard_normal(3)}),
+        (trained_over_two_devices, 3, lambda rng: {"x": rng.standard_normal((4, 3))}),
     ],
     ids=["chain at quota 2", "chain at quota 8", "trained over two devices"],
 )
-def test_a_schedule_simulates_until_its_order_repeats(monkeypatch, plan, lead, feed):
+def test_a_schedule_simulates_until_its_order_repeats(monkeypatch, make, lead, feed):
     """One simulation, checked as it goes: it ends a step past the first blocks that
     repeat, ``lead`` steps in on its slowest stream (a chain at quota 8 settles 2 steps
     in, once no end of the simulation comes 2 steps after its blocks); the program
     replays as the drivers run."""
+    plan = make()
     ran: list = []
     real = program.simulate
     monkeypatch.setattr(program, "simulate", lambda *a, **k: ran.append(real(*a, **k)) or ran[-1])
@@ -246,6 +247,34 @@ def test_over_ranks_a_rank_waits_on_each_act_it_needs_of_its_own_streams(config,
     simulation recorded among its acts (``assert_rank_programs_cover``)."""
     plan = compile_config(load_config(str(REPO / "configs" / f"{config}.yaml")), ranks=world)
     assert_rank_programs_cover(plan)
+
+
+def test_a_rank_whose_stream_lags_the_simulated_ones_is_checked_again_later(monkeypatch):
+    """A rank's stream gathers several simulated streams' acts, so it may not have run
+    past the blocks when they all have: that check waits for more acts instead of
+    finding no repetition, and the program is the one found without the lag."""
+    plan = compile_config(load_config(str(REPO / "configs" / "2x2.yaml")), ranks=4)
+    want = schedule(plan, 1)
+    assert isinstance(want, Program)
+    kept = program._kept
+    lagged = []
+
+    def lagging(plan, wiring, ran):
+        views = kept(plan, wiring, ran)
+        if not lagged:  # the first check: each rank's streams two steps short
+            lagged.append(True)
+            return [
+                ([acts[: len(acts) - 2 * n] for acts, n in zip(streams, counts)], counts)
+                for streams, counts in views
+            ]
+        return views
+
+    monkeypatch.setattr(program, "_kept", lagging)
+    got = schedule(plan, 1)
+    assert lagged and isinstance(got, Program)
+    assert [[(e.unit.id, e.step) for e in block] for block in got.blocks] == [
+        [(e.unit.id, e.step) for e in block] for block in want.blocks
+    ]
 
 
 def test_a_fetch_of_what_came_from_another_rank_runs_on_its_devices_compute_stream():

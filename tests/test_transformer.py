@@ -139,7 +139,9 @@ def test_a_pipeline_of_tensor_parallel_stages_has_several_micro_batches_in_fligh
     durations, so that a loaded machine's timing cannot decide it; the clock follows the
     same wiring as a real run."""
     layout = {"stages": [["cpu:0", "cpu:1"], ["cpu:2", "cpu:3"]], "tensor_parallel": 2, "micro_batches": 4}
-    chrome = predict(config(layout), shipped("transformer")).chrome
+    prediction = predict(config(layout), shipped("transformer"))
+    assert prediction.result.ordered_by == "replay"
+    chrome = prediction.chrome
     spans = [s for s in parse(chrome).spans if s.category == "compute"]
 
     def of(stage: int, phase: str, micro_batch: int) -> list:

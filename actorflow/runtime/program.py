@@ -43,6 +43,8 @@ the first that repeats (the shipped configs' do at the first; a fifth of the ran
 of the property tests need a later one). Its length leaves a tail of a period and 4 steps
 after the last. It once simulated 2 steps past the first check's blocks, and afresh for
 the second check with the full tail."""
+NOT_YET = "its simulation has not run that far"
+"""Why a check found no program yet: some stream's acts stop short of its blocks."""
 STALLS = "it can stall (its simulation did)"
 """Why a plan whose simulation stalled is not replayed (the drivers will say where)."""
 MAX_SIMULATED_ACTS = 300_000
@@ -98,8 +100,10 @@ class Program:
 def schedule(plan: Plan, rank: int | None) -> Program | str:
     """The streams' program for ``plan`` on ``rank`` (None: every rank's streams, as
     ``actorflow simulate`` runs them), or why there is none: the plan is not
-    ``replayable``, or too large to simulate quickly, or its simulation stalls or does
-    not settle into a repeating order within ``MAX_PERIOD`` steps a period.
+    ``replayable``, or too large to simulate quickly, or its simulation stalls before
+    its order repeats, or the order does not settle within ``MAX_PERIOD`` steps a period
+    (a replay runs the repeating blocks alone, acts outside the run skipped, so how a
+    simulation would have ended does not matter).
 
     A plan over ranks is simulated whole, every rank the same way, its sends meeting
     their receives as MPI's synchronous sends do (``virtual.meets``); each rank keeps
@@ -128,47 +132,54 @@ def _steps(period: int) -> int:
 
 def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     """One simulation of ``plan`` (``rank``'s part of it, None: the whole), from the
-    protocol's state afresh, checked as it goes (``SHORT_LEAD``) and, where none of those
-    checks found its order repeating, at its end: the whole plan's program and, over ranks, every rank's (each rank
-    checks them all, so that all replay or none does), or why there are none."""
+    protocol's state afresh, checked as it goes (``SHORT_LEAD``), and at its end at the
+    leads not checked yet: the whole plan's program and, over ranks, every rank's (each
+    rank checks them all, so that all replay or none does), or why there are none."""
     wiring = wire(plan, rank, allocate=False)
     ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
     per_step = [sum(acts_in(u.actor, plan.micro_batches) for u in s.units) for s in wiring.streams]
     leads = range(SHORT_LEAD, period + 3)
     verdicts: list[list[Program] | str] = []  # per lead checked
-    behind = [0]  # the stream found short of the next check last time: asked first
+    behind = [0, 0]  # the stream found short last time (asked first); steps more to wait
 
-    def settled(ran: list[list[Entry]]) -> bool:
+    def settled(ran: list[list[Entry]], waiting: bool = True) -> bool:
         while not verdicts or isinstance(verdicts[-1], str):
             if len(verdicts) == len(leads):
                 return False
-            past = leads[len(verdicts)] + 4 * period + 1  # a step past its blocks
-            if len(ran[behind[0]]) < past * per_step[behind[0]]:
+            lead = leads[len(verdicts)]
+            past = lead + 4 * period + 1 + behind[1]  # a step past its blocks
+            if waiting and len(ran[behind[0]]) < past * per_step[behind[0]]:
                 return False
-            for k, (entries, n) in enumerate(zip(ran, per_step)):
+            for k, (entries, n) in enumerate(zip(ran, per_step) if waiting else ()):
                 if len(entries) < past * n:
                     behind[0] = k
                     return False
-            verdicts.append(_check(plan, wiring, ran, per_step, period, leads[len(verdicts)]))
+            verdict = _check(plan, wiring, ran, per_step, period, lead)
+            if verdict == NOT_YET:  # a rank's stream gathers several simulated ones' acts
+                behind[1] += 1
+                return False
+            behind[1] = 0
+            verdicts.append(verdict)
         return True
 
     ran = simulate(wiring, plan.micro_batches, _steps(period), timing=ticks, enough=settled)
     if ran is None:
         return STALLS
-    if verdicts and not isinstance(verdicts[-1], str):
-        return verdicts[-1]
-    # the last lead again, on every act: a stream of another rank may have lagged its own
-    return _check(plan, wiring, ran, per_step, period, leads[-1])
+    settled(ran, waiting=False)
+    return verdicts[-1]
 
 
 def _check(
     plan: Plan, wiring: Wiring, ran: list[list[Entry]], per_step: list[int], period: int, lead: int
 ) -> list[Program] | str:
     """The programs of a simulation's acts so far (``ran``; ``per_step``: each stream's
-    acts a step), from blocks ``lead`` steps in, or why there are none."""
+    acts a step), from blocks ``lead`` steps in, or why there are none (``NOT_YET``: a
+    stream has not run past them)."""
     kept = _kept(plan, wiring, ran) if plan.world > 1 else []
     programs = []
     for r, (streams, counts) in [(None, (ran, per_step)), *enumerate(kept)]:
+        if any(len(entries) < (lead + 4 * period) * n for entries, n in zip(streams, counts)):
+            return NOT_YET
         starts = _repeats(streams, counts, period, lead)
         if starts is None:
             return "its simulated order does not repeat"
@@ -253,13 +264,11 @@ def _repeats(
     """Per stream of a simulation (``per_step``: its acts a step), (its block's first act,
     the block's acts), where its acts repeat every ``period`` steps from 2 periods before
     the block (``lead`` steps in) to one after (the same units, inputs and outputs,
-    ``period`` steps on); None if some stream's don't, or have not run that far."""
+    ``period`` steps on); None if some stream's don't."""
     starts = []
     for entries, n in zip(streams, per_step):
         size = n * period
         start = (lead + 2 * period) * n
-        if len(entries) < start + 2 * size:
-            return None
         for i in range(start - 2 * size, start + size):
             if not entries[i].repeated_by(entries[i + size], period):
                 return None
