@@ -259,8 +259,8 @@ def test_a_rank_whose_stream_lags_the_simulated_ones_is_checked_again_later(monk
     kept = program._kept
     lagged = []
 
-    def lagging(plan, wiring, ran):
-        views = kept(plan, wiring, ran)
+    def lagging(landing, ran):
+        views = kept(landing, ran)
         if not lagged:  # the first check: each rank's streams two steps short
             lagged.append(True)
             return [

@@ -138,27 +138,30 @@ def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
     wiring = wire(plan, rank, allocate=False)
     ticks = Timing([1.0] * len(wiring.units), meets=meets(plan, wiring))
     per_step = [sum(acts_in(u.actor, plan.micro_batches) for u in s.units) for s in wiring.streams]
+    landing = _landing(plan, wiring) if plan.world > 1 else None
     leads = range(SHORT_LEAD, period + 3)
     verdicts: list[list[Program] | str] = []  # per lead checked
-    behind = [0, 0]  # the stream found short last time (asked first); steps more to wait
+    short = 0  # the stream found short last time: asked first
+    more = 0  # steps more to wait for, where a rank's stream was short
 
     def settled(ran: list[list[Entry]], waiting: bool = True) -> bool:
+        nonlocal short, more
         while not verdicts or isinstance(verdicts[-1], str):
             if len(verdicts) == len(leads):
                 return False
             lead = leads[len(verdicts)]
-            past = lead + 4 * period + 1 + behind[1]  # a step past its blocks
-            if waiting and len(ran[behind[0]]) < past * per_step[behind[0]]:
+            past = lead + 4 * period + 1 + more  # a step past its blocks
+            if waiting and len(ran[short]) < past * per_step[short]:
                 return False
             for k, (entries, n) in enumerate(zip(ran, per_step) if waiting else ()):
                 if len(entries) < past * n:
-                    behind[0] = k
+                    short = k
                     return False
-            verdict = _check(plan, wiring, ran, per_step, period, lead)
+            verdict = _check(plan, wiring, landing, ran, per_step, period, lead)
             if verdict == NOT_YET:  # a rank's stream gathers several simulated ones' acts
-                behind[1] += 1
+                more += 1
                 return False
-            behind[1] = 0
+            more = 0
             verdicts.append(verdict)
         return True
 
@@ -170,12 +173,18 @@ def _programs(plan: Plan, rank: int | None, period: int) -> list[Program] | str:
 
 
 def _check(
-    plan: Plan, wiring: Wiring, ran: list[list[Entry]], per_step: list[int], period: int, lead: int
+    plan: Plan,
+    wiring: Wiring,
+    landing: _Landing | None,
+    ran: list[list[Entry]],
+    per_step: list[int],
+    period: int,
+    lead: int,
 ) -> list[Program] | str:
     """The programs of a simulation's acts so far (``ran``; ``per_step``: each stream's
-    acts a step), from blocks ``lead`` steps in, or why there are none (``NOT_YET``: a
-    stream has not run past them)."""
-    kept = _kept(plan, wiring, ran) if plan.world > 1 else []
+    acts a step; ``landing``: where they land over ranks), from blocks ``lead`` steps in,
+    or why there are none (``NOT_YET``: a stream has not run past them)."""
+    kept = _kept(landing, ran) if landing is not None else []
     programs = []
     for r, (streams, counts) in [(None, (ran, per_step)), *enumerate(kept)]:
         if any(len(entries) < (lead + 4 * period) * n for entries, n in zip(streams, counts)):
@@ -281,31 +290,46 @@ def _streams(plan: Plan, wiring: Wiring, rank: int | None) -> list[StreamWiring]
     return [s for s in wiring.streams if rank is None or plan.world == 1 or s.stream.rank == rank]
 
 
-def _kept(plan: Plan, wiring: Wiring, ran: list[list[Entry]]) -> list[tuple[list[list[Entry]], list[int]]]:
-    """Per rank, per stream of it, in the order they started, the simulated acts it runs:
-    its own, and those of the collectives over ranks it takes part in (simulated as one
-    act, on the stream of their first participant); and how many of them a step."""
+@attrs.frozen
+class _Landing:
+    """Where a simulation's acts land over ranks, the same at every check: ``places[u]``,
+    (rank, its stream's place among the rank's streams) for each rank unit u runs on (a
+    collective over ranks, simulated as one act on the stream of its first participant,
+    runs on each participant's rank); ``per_step[r][k]``: stream k of rank r's acts a step."""
+
+    places: dict[int, list[tuple[int, int]]]
+    per_step: list[list[int]]
+
+
+def _landing(plan: Plan, wiring: Wiring) -> _Landing:
     index = [{s.stream.id: k for k, s in enumerate(_streams(plan, wiring, r))} for r in range(plan.world)]
-    lands: dict[int, list[tuple[int, int]]] = {}  # per unit, (rank, stream) of each rank it runs on
+    places: dict[int, list[tuple[int, int]]] = {}
+    per_step = [[0] * len(ix) for ix in index]
     for unit in wiring.units:
         here: dict[int, list[Member]] = collections.defaultdict(list)
         for m in unit.members:
             here[plan.rank_of(m.actor.device)].append(m)
-        lands[unit.id] = [
-            (r, unit.stream if len(ms) == len(unit.members) else ms[0].actor.stream) for r, ms in here.items()
+        places[unit.id] = [
+            (r, index[r][unit.stream if len(ms) == len(unit.members) else ms[0].actor.stream])
+            for r, ms in here.items()
         ]
-    kept: list[list[list[tuple[float, int, int, Entry]]]] = [[[] for _ in ix] for ix in index]
+        for r, k in places[unit.id]:
+            per_step[r][k] += acts_in(unit.actor, plan.micro_batches)
+    return _Landing(places, per_step)
+
+
+def _kept(landing: _Landing, ran: list[list[Entry]]) -> list[tuple[list[list[Entry]], list[int]]]:
+    """Per rank, per stream of it, in the order they started, the simulated acts it runs:
+    its own, and those of the collectives over ranks it takes part in; and how many of
+    them a step."""
+    kept: list[list[list[tuple[float, int, int, Entry]]]] = [[[] for _ in n] for n in landing.per_step]
     for k, entries in enumerate(ran):
         for i, entry in enumerate(entries):
-            for r, stream in lands[entry.unit.id]:
-                kept[r][index[r][stream]].append((entry.start, k, i, entry))
-    per_step = [[0] * len(ix) for ix in index]
-    for unit in wiring.units:
-        for r, stream in lands[unit.id]:
-            per_step[r][index[r][stream]] += acts_in(unit.actor, plan.micro_batches)
+            for r, place in landing.places[entry.unit.id]:
+                kept[r][place].append((entry.start, k, i, entry))
     return [
         ([[entry for *_, entry in sorted(acts)] for acts in streams], counts)
-        for streams, counts in zip(kept, per_step)
+        for streams, counts in zip(kept, landing.per_step)
     ]
 
 
