@@ -9,12 +9,15 @@ from itertools import pairwise
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import actorflow as af
 from actorflow.config import parse_config
 from actorflow.runtime import Runtime
 from actorflow.trace import STEP, WAIT, Recorder, Span, parse_iterations, summarize
-from actorflow.trace.parse import parse
+from actorflow.trace.parse import from_spans, parse
+from actorflow.trace.recorder import chrome_trace
 from actorflow.training import compile_config
 from actorflow.training.data import dataset, step_feeds
 from actorflow.training.runner import local_feeds
@@ -547,3 +550,36 @@ def test_spans_are_made_outside_the_lock_so_streams_record_meanwhile():
     reader.join(5)
     stream.join(5)
     assert [s.name for s in recorder.spans] == ["slow", "fast"]
+
+
+@st.composite
+def recorded_spans(draw) -> list[Span]:
+    """Spans on a few tracks (kernels, waits, zero-length ones, ties to the ns), each kernel an
+    act of its actor that may read acts of others: what a run or a simulation records."""
+    tracks = [
+        ("cpu:0", "cpu:0/compute"),
+        ("cpu:0", "cpu:0/copy"),
+        ("cpu:1", "cpu:1/compute"),
+        ("rank0", "rank0/comm"),
+    ]
+    made = []
+    for k in range(draw(st.integers(0, 24))):
+        process, thread = draw(st.sampled_from(tracks))
+        start = draw(st.integers(0, 40)) * 0.25e-6 + draw(st.sampled_from([0.0, 1e-10, 2e-10]))  # ties in ns
+        end = start + draw(st.integers(0, 8)) * 0.25e-6
+        if draw(st.booleans()) and k % 5 == 4:
+            made.append(Span(process, thread, f"wait {k}", WAIT, start, end, {"iteration": 0}))
+            continue
+        actor = f"a{k % 6}"
+        inputs = draw(
+            st.lists(st.tuples(st.sampled_from([f"a{j}" for j in range(6)]), st.integers(0, 3)), max_size=3)
+        )
+        args = {"actor": actor, "act": k // 6, "iteration": k % 2, "inputs": [list(i) for i in inputs]}
+        made.append(Span(process, thread, actor, thread.rsplit("/", 1)[1], start, end, args))
+    return made
+
+
+@given(recorded_spans())
+@settings(max_examples=200, deadline=None)
+def test_a_trace_from_spans_in_memory_is_what_their_chrome_trace_parses_to(spans):
+    assert from_spans(spans) == parse(chrome_trace(spans))

@@ -39,8 +39,8 @@ from ..runtime.runtime import register_stats
 from ..runtime.spans import SpanMaker
 from ..runtime.virtual import Entry, Host, Timing, meets, simulate
 from ..runtime.wiring import Unit, Wiring, acts_in, wire
-from ..trace.parse import Trace, parse
-from ..trace.recorder import Recorder
+from ..trace.parse import Trace, from_spans, parse
+from ..trace.recorder import Recorder, Span, chrome_trace
 from ..training import survival
 from ..training.parameter_server import run_end, run_starts
 from ..training.runner import RunResult, compile_config, measure
@@ -74,9 +74,16 @@ training's steps, if fewer); the rest of a training repeats them."""
 
 @attrs.frozen
 class Prediction:
+    """A predicted run: its report, the simulated spans (the steps' too) and a step's seconds."""
+
     result: RunResult
-    chrome: dict[str, Any]
+    spans: list[Span]
     step_seconds: float
+
+    @property
+    def chrome(self) -> dict[str, Any]:
+        """The Chrome trace of the simulated run, as a run's recorder exports it."""
+        return chrome_trace(self.spans)
 
 
 @cyclic_gc_paused()
@@ -90,11 +97,11 @@ def predict(
     plan = plan or compile_config(config, ranks, values=False)
     wiring = wire(plan, None, allocate=False)
     entries, step_seconds, ordered_by = _clock(config, plan, wiring, model, replicas)
-    chrome = spans(plan, entries)
+    simulated = spans(plan, entries)
     result = measure(
         config,
         plan,
-        chrome,
+        from_spans(simulated),
         register_stats(plan, wiring.members),
         step_seconds * config.train.steps,
         steps=config.train.steps,
@@ -104,7 +111,7 @@ def predict(
         ours=[True] * len(config.parallel.stages),
         predicted=True,
     )
-    return Prediction(result, chrome, step_seconds)
+    return Prediction(result, simulated, step_seconds)
 
 
 def step_time(config: Config, plan: Plan, model: CostModel, replicas: int = 1) -> float:
@@ -279,13 +286,13 @@ def device_places(plan: Plan) -> dict[str, int]:
     return {d: k for k, d in enumerate(devices)}
 
 
-def spans(plan: Plan, entries: Sequence[Entry]) -> dict[str, Any]:
-    """The Chrome trace of simulated acts, made as a run's (``runtime.spans``)."""
+def spans(plan: Plan, entries: Sequence[Entry]) -> list[Span]:
+    """The spans of simulated acts and their steps, made as a run's (``runtime.spans``)."""
     recorder = Recorder(True, limit=None)
     maker = SpanMaker(plan, 0)
     for e in entries:
         maker.record(recorder, e.unit, e.acts[0].number, e.start, e.end, e.acts)
-    return recorder.to_chrome()
+    return recorder.spans + recorder.steps()
 
 
 def cost_model(path: str | None, kind: str, crowding: str | None = None) -> CostModel:

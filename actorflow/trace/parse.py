@@ -10,11 +10,13 @@ from __future__ import annotations
 import bisect
 import json
 import os
+from collections.abc import Hashable, Iterable
 from typing import Any
 
 import attrs
 
 from ..collector import cyclic_gc_paused
+from . import recorder
 from .recorder import STEP, WAIT, stream_kind
 
 COPY_CATEGORIES = frozenset({"copy", "feed", "fetch"})
@@ -66,6 +68,11 @@ class Trace:
     flows: tuple[tuple[int, int], ...]
 
 
+FlowEnd = tuple[Hashable, bool, "int | None", int, bool]
+"""One end of a flow arrow: its flow, whether it is its start, the track and the time (ns)
+it sits at, and whether it binds to the span enclosing that time (else the next one)."""
+
+
 def load(path: str | os.PathLike) -> dict[str, Any] | list[dict[str, Any]]:
     """The JSON of a trace file; ValueError when it is not a Chrome trace."""
     with open(path) as f:
@@ -110,15 +117,51 @@ def parse(trace_json: dict[str, Any] | list[dict[str, Any]]) -> Trace:
         ),
         key=lambda s: (s.start, s.end),
     )
-    categories: list[set[str]] = [set() for _ in keys]
+    ends = [
+        (
+            (e.get("cat"), e.get("id")),
+            e["ph"] == "s",
+            index.get((e.get("pid"), e.get("tid"))),
+            _ns(e.get("ts", 0)),
+            e["ph"] == "s" or e.get("bp") == "e",
+        )
+        for e in flow_events
+    ]
+    names = [(processes.get(pid, str(pid)), threads.get((pid, tid), str(tid))) for pid, tid in keys]
+    return _trace(names, spans, ends)
+
+
+@cyclic_gc_paused()
+def from_spans(recorded: Iterable[recorder.Span]) -> Trace:
+    """``parse(chrome_trace(recorded))`` without the JSON between: a report of spans in
+    memory (a simulated run's)."""
+    recorded = sorted(recorded, key=recorder.start_end)
+    origin = recorder.trace_origin(recorded)
+    _, tids = recorder.tracks(recorded)  # numbered in the display order, parse's
+    spans = []
+    for r in recorded:
+        ts, dur = recorder.event_times(r, origin)
+        start = _ns(ts)
+        track = tids[(r.process, r.thread)]
+        spans.append(Span(track, r.name, r.category, start, start + _ns(dur), recorder.exported_args(r)))
+    outgoing, incoming = recorder.flows(recorded)
+    ends: list[FlowEnd] = []
+    for i, span in enumerate(spans):
+        ends.extend((flow, True, span.track, span.start, True) for flow in outgoing.get(i, ()))
+        ends.extend((flow, False, span.track, span.start, True) for flow in incoming.get(i, ()))
+    spans.sort(key=lambda s: (s.start, s.end))
+    return _trace(list(tids), spans, ends)
+
+
+def _trace(names: list[tuple[str, str]], spans: list[Span], ends: Iterable[FlowEnd]) -> Trace:
+    """The trace of ``spans`` (sorted) on the tracks of ``names`` (process, thread), with
+    the flows whose ``ends`` bind to kernels."""
+    categories: list[set[str]] = [set() for _ in names]
     for s in spans:
         if not s.is_wait:
             categories[s.track].add(s.category)  # steps too: a track of steps is kind "step"
-    tracks = []
-    for (pid, tid), ran in zip(keys, categories):
-        thread = threads.get((pid, tid), str(tid))
-        tracks.append(Track(processes.get(pid, str(pid)), thread, _kind(thread, ran)))
-    return Trace(tuple(tracks), tuple(spans), _bind_flows(flow_events, index, spans))
+    tracks = [Track(process, thread, _kind(thread, ran)) for (process, thread), ran in zip(names, categories)]
+    return Trace(tuple(tracks), tuple(spans), _bind_flows(ends, spans))
 
 
 def _ns(microseconds: float) -> int:
@@ -147,23 +190,19 @@ def _kind(thread: str, categories: set[str]) -> str:
     return "compute"
 
 
-def _bind_flows(
-    flow_events: list[dict[str, Any]], index: dict[tuple[Any, Any], int], spans: list[Span]
-) -> tuple[tuple[int, int], ...]:
-    """Pair flow starts with finishes by (cat, id) and bind each to its kernel span: a start
-    and a ``bp: "e"`` finish to the span enclosing their time, other finishes to the next
-    span that starts at or after it (Chrome's rules)."""
+def _bind_flows(ends: Iterable[FlowEnd], spans: list[Span]) -> tuple[tuple[int, int], ...]:
+    """Pair flow starts with finishes and bind each to its kernel span: one that binds to
+    the enclosing span to the span enclosing its time, others to the next span that
+    starts at or after it (Chrome's rules)."""
     kernels: dict[int, list[int]] = {}
     for i, s in enumerate(spans):
         if s.is_kernel:
             kernels.setdefault(s.track, []).append(i)
     starts = {t: [spans[i].start for i in ids] for t, ids in kernels.items()}
 
-    def bind(e: dict[str, Any], enclosing: bool) -> int | None:
-        track = index.get((e.get("pid"), e.get("tid")))
+    def bind(track: int | None, ts: int, enclosing: bool) -> int | None:
         if track not in kernels:
             return None
-        ts = _ns(e.get("ts", 0))
         ids = kernels[track]
         if enclosing:
             k = bisect.bisect_right(starts[track], ts) - 1
@@ -171,16 +210,10 @@ def _bind_flows(
         k = bisect.bisect_left(starts[track], ts)
         return ids[k] if k < len(ids) else None
 
-    begun: dict[tuple[Any, Any], int] = {}
-    ended: dict[tuple[Any, Any], int] = {}
-    for e in flow_events:
-        key = (e.get("cat"), e.get("id"))
-        if e["ph"] == "s":
-            span = bind(e, enclosing=True)
-            if span is not None:
-                begun[key] = span
-        else:
-            span = bind(e, enclosing=e.get("bp") == "e")
-            if span is not None:
-                ended[key] = span
+    begun: dict[Hashable, int] = {}
+    ended: dict[Hashable, int] = {}
+    for key, is_start, track, ts, enclosing in ends:
+        span = bind(track, ts, enclosing)
+        if span is not None:
+            (begun if is_start else ended)[key] = span
     return tuple((begun[k], ended[k]) for k in begun if k in ended)

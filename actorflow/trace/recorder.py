@@ -172,7 +172,7 @@ class Recorder:
     @property
     def spans(self) -> list[Span]:
         """The spans held, in start order."""
-        return sorted((s for group in self._described_groups().values() for s in group), key=_start_end)
+        return sorted((s for group in self._described_groups().values() for s in group), key=start_end)
 
     def _described_groups(self) -> dict[int, list[Span]]:
         """A copy of the groups, each recorded span made (once), safe to read while
@@ -232,7 +232,7 @@ class Recorder:
         trace = chrome_trace(spans, keep_inputs=self.rank is not None)
         other: dict[str, Any] = {}
         if self.rank is not None:
-            other = {"rank": self.rank, "origin_unix": _origin(spans) + self._unix_offset}
+            other = {"rank": self.rank, "origin_unix": trace_origin(spans) + self._unix_offset}
         if self.kept_from is not None:
             other |= {"kept_from": self.kept_from, "note": self.note()}
         if other:
@@ -256,16 +256,15 @@ class Recorder:
 def chrome_trace(spans: Iterable[Span], keep_inputs: bool = False) -> dict[str, Any]:
     """Chrome trace JSON: named and ordered process and thread tracks, one complete event
     per span (µs from the first span), and flow events for cross-track inputs."""
-    spans = sorted(spans, key=_start_end)
-    origin = _origin(spans)
-    pids, tids = _tracks(spans)
+    spans = sorted(spans, key=start_end)
+    origin = trace_origin(spans)
+    pids, tids = tracks(spans)
     events = _metadata(pids, tids)
-    outgoing, incoming = _flows(spans)
+    outgoing, incoming = flows(spans)
     for i, s in enumerate(spans):
-        ts = _us(s.start - origin)
-        dur = round(_us(s.end - origin) - ts, 3)
+        ts, dur = event_times(s, origin)
         at = {"ts": ts, "pid": pids[s.process], "tid": tids[(s.process, s.thread)]}
-        args = s.args if keep_inputs else {k: v for k, v in s.args.items() if k != "inputs"}
+        args = s.args if keep_inputs else exported_args(s)
         events.append({"ph": "X", "name": s.name, "cat": s.category, "dur": dur, **at, "args": args})
         # flow events sit at the start of their slice, so each one binds to it
         events.extend({"ph": "s", "id": flow, **at, **_FLOW} for flow in outgoing.get(i, ()))
@@ -291,16 +290,27 @@ def parse_iterations(text: str) -> frozenset[int]:
     return frozenset(selected)
 
 
-def _start_end(span: Span) -> tuple[float, float]:
+def start_end(span: Span) -> tuple[float, float]:
     return span.start, span.end
 
 
-def _origin(spans: Iterable[Span]) -> float:
+def trace_origin(spans: Iterable[Span]) -> float:
     """The time of ts 0: the first span's start."""
     return min((s.start for s in spans), default=0.0)
 
 
-def _tracks(spans: list[Span]) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+def event_times(span: Span, origin: float) -> tuple[float, float]:
+    """A span's ``ts`` and ``dur`` in its complete event: µs from ``origin``, to the ns."""
+    ts = _us(span.start - origin)
+    return ts, round(_us(span.end - origin) - ts, 3)
+
+
+def exported_args(span: Span) -> dict[str, Any]:
+    """A span's args as a trace exports them: without ``inputs`` (flows)."""
+    return {k: v for k, v in span.args.items() if k != "inputs"} if "inputs" in span.args else span.args
+
+
+def tracks(spans: list[Span]) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     """pid per process (devices first, then ranks' streams), tid per (process, thread)
     (compute, copy, collective, comm streams in that order): the display order."""
     pids: dict[str, int] = {}
@@ -352,7 +362,7 @@ def _thread_order(thread: str) -> tuple:
     return (rank, _natural(thread))
 
 
-def _flows(spans: list[Span]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+def flows(spans: list[Span]) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     """Flow ids leaving and entering each kernel span (by index): one per input whose
     producer span was recorded on another track. Unrecorded producers give no flow at all;
     waits never take part, even when they carry their kernel's actor and act."""

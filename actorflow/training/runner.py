@@ -21,7 +21,7 @@ from ..runtime.logical import assemble
 from ..runtime.mpi_world import gather
 from ..trace.merge import merge
 from ..trace.metrics import GAP, balanced_bubbles, pass_seconds, pipeline_theory, summarize_parsed
-from ..trace.parse import parse
+from ..trace.parse import Trace, parse
 from ..trace.recorder import STEP, TRACE_LIMIT, write_chrome
 from ..world import this_rank, world_size
 from . import checkpoint, parameter_server, survival
@@ -324,7 +324,7 @@ class _Training:
         measured = measure(
             config,
             plan,
-            chrome,
+            parse(chrome),
             stats,
             seconds,
             steps=len(self.losses),
@@ -370,7 +370,7 @@ def _open(
 def measure(
     config: Config,
     plan: Plan,
-    chrome: dict[str, Any],
+    parsed: Trace,
     stats: dict[str, dict[str, int]],
     seconds: float,
     *,
@@ -385,7 +385,7 @@ def measure(
     first_step: int = 0,
     staleness: tuple[float, int] | None = None,
 ) -> RunResult:
-    """What a run of ``config``'s ``plan`` did, from its trace (``chrome``), its registers'
+    """What a run of ``config``'s ``plan`` did, from its trace (``parsed``), its registers'
     ``stats`` and its ``seconds``: a measured run's, or a simulated one's
     (``actorflow simulate``), of ``steps`` steps. ``ours``: per stage, whether this rank measured it (a rank
     other than 0 measures the stages whose first replica it holds)."""
@@ -393,7 +393,6 @@ def measure(
     p, m = len(stages), config.parallel.micro_batches
     peaks, quotas = kept_per_stage(plan, stats, stages)
     kept = kept_bytes_per_stage(plan, stats, stages)
-    parsed = parse(chrome)
     summary = summarize_parsed(parsed, [stage[0] for stage, mine in zip(stages, ours) if mine])
     passes = pass_seconds(parsed, m)
     schedule = config.parallel.schedule
