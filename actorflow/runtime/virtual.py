@@ -326,12 +326,13 @@ class _Cpus:
     def __init__(self, host: Host, streams: int) -> None:
         self.host = host
         self.holding = [False] * streams
+        self.holders: Counter[int] = Counter()  # per process, its streams holding the GIL
         self.waiting: list[Unit | None] = [None] * streams
         self.tickets = [0] * streams
         self.queue: dict[int, list[int]] = defaultdict(list)  # per process, the waiting streams in order
-        self.running: dict[int, dict[int, list]] = defaultdict(
-            dict
-        )  # per machine: stream -> [entry, work left, share holding the GIL, rate, the kernel's work]
+        self.running: dict[int, dict[int, list]] = defaultdict(dict)
+        """Per machine, per stream running an act: [its entry, its work left, the contention
+        times its share holding the GIL, its rate, its kernel's work]."""
         self.since: dict[int, float] = defaultdict(float)
         self.together: Counter[int] = Counter()  # per process, its acts running
         self.version = 0
@@ -341,8 +342,10 @@ class _Cpus:
         """Whether idle stream k, woken with ``unit`` to launch, waits for the GIL (then
         it is queued for it)."""
         process = self.host.process[k]
-        if self.holding[k] or not any(h and p == process for h, p in zip(self.holding, self.host.process)):
-            self.holding[k] = True
+        if self.holding[k]:
+            return False
+        if not self.holders[process]:
+            self._hold(k)
             return False
         self.waiting[k] = unit
         self.tickets[k] += 1
@@ -359,8 +362,12 @@ class _Cpus:
         assert unit is not None, "an admitted stream was waiting"
         self.waiting[k] = None
         self.queue[self.host.process[k]].remove(k)
-        self.holding[k] = True
+        self._hold(k)
         return unit
+
+    def _hold(self, k: int) -> None:
+        self.holding[k] = True
+        self.holders[self.host.process[k]] += 1
 
     def idle(self, k: int) -> list[int]:
         """Stream k has nothing to launch: it blocks, handing the GIL to the stream that
@@ -368,6 +375,7 @@ class _Cpus:
         if not self.holding[k]:
             return []
         self.holding[k] = False
+        self.holders[self.host.process[k]] -= 1
         waiting = self.queue[self.host.process[k]]
         return waiting[:1]
 
@@ -376,7 +384,8 @@ class _Cpus:
         them holding its process's GIL: its machine's next end (``_ends``)."""
         machine = self.host.machine[entry.stream]
         self._advance(machine, now)
-        self.running[machine][entry.stream] = [entry, launch + kernel, gil, 0.0, kernel]
+        slowing = self.host.contention * gil
+        self.running[machine][entry.stream] = [entry, launch + kernel, slowing, 0.0, kernel]
         self.together[self.host.process[entry.stream]] += 1
         return self._ends(machine, now)
 
@@ -395,8 +404,9 @@ class _Cpus:
 
     def _advance(self, machine: int, now: float) -> None:
         """The running acts' work left, at the rates they ran at since the last change."""
+        elapsed = now - self.since[machine]
         for slot in self.running[machine].values():
-            slot[1] -= (now - self.since[machine]) * slot[3]
+            slot[1] -= elapsed * slot[3]
         self.since[machine] = now
 
     def _ends(self, machine: int, now: float) -> NextEnd | None:
@@ -405,22 +415,29 @@ class _Cpus:
         its acts that counts (None when nothing runs there). An act still in its launch
         has its kernel's start moved to where the launch ends at the new rate."""
         running = self.running[machine]
-        share = min(1.0, self.host.cores / max(1, len(running)))
-        process, together, contention = self.host.process, self.together, self.host.contention
+        self.version += 1
+        if not running:
+            self.next_end.pop(machine, None)
+            return None
+        share = min(1.0, self.host.cores / len(running))
+        process, together = self.host.process, self.together
         polled, crowding = self.host.polled, self.host.crowding
-        first: tuple[float, int] | None = None
+        first, first_k = float("inf"), -1
         for k, slot in running.items():
             p = process[k]
             others = together[p] - 1 + (p in polled)
-            slot[3] = share / (1 + contention * slot[2] * others**crowding) if others else share
-            end = now + max(0.0, slot[1]) / slot[3]
-            if slot[1] > slot[4]:
-                slot[0].start = now + (slot[1] - slot[4]) / slot[3]
-            if first is None or (end, k) < first:
-                first = (end, k)
-        self.version += 1
-        if first is None:
-            self.next_end.pop(machine, None)
-            return None
+            if not others:
+                rate = share
+            elif crowding:
+                rate = share / (1 + slot[2] * others**crowding)
+            else:
+                rate = share / (1 + slot[2])
+            slot[3] = rate
+            work = slot[1]
+            end = now + (work if work > 0.0 else 0.0) / rate
+            if work > slot[4]:
+                slot[0].start = now + (work - slot[4]) / rate
+            if end < first or (end == first and k < first_k):
+                first, first_k = end, k
         self.next_end[machine] = self.version
-        return first[0], (first[1], self.version)
+        return first, (first_k, self.version)
