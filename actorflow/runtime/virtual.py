@@ -422,17 +422,15 @@ class _Cpus:
         share = min(1.0, self.host.cores / len(running))
         process, together = self.host.process, self.together
         polled, crowding = self.host.polled, self.host.crowding
+        beside: dict[int, float] = {}  # per process: others**crowding, its others' acts (0: none)
         first, first_k = float("inf"), -1
         for k, slot in running.items():
             p = process[k]
-            others = together[p] - 1 + (p in polled)
-            if not others:
-                rate = share
-            elif crowding:
-                rate = share / (1 + slot[2] * others**crowding)
-            else:
-                rate = share / (1 + slot[2])
-            slot[3] = rate
+            x = beside.get(p)
+            if x is None:
+                others = together[p] - 1 + (p in polled)
+                x = beside[p] = (others**crowding if crowding else 1.0) if others else 0.0
+            rate = slot[3] = share / (1 + slot[2] * x) if x else share
             work = slot[1]
             end = now + (work if work > 0.0 else 0.0) / rate
             if work > slot[4]:
