@@ -580,6 +580,6 @@ def recorded_spans(draw) -> list[Span]:
 
 
 @given(recorded_spans())
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=60, deadline=None)
 def test_a_trace_from_spans_in_memory_is_what_their_chrome_trace_parses_to(spans):
     assert from_spans(spans) == parse(chrome_trace(spans))
