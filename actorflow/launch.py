@@ -51,7 +51,7 @@ _FORWARDING = re.compile(rb"\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes|Pres
 
 
 class MpiexecNotFound(RuntimeError):
-    """No MPICH ``mpiexec`` beside this Python or on PATH."""
+    """No MPICH ``mpiexec`` beside this Python or on PATH (none, or another MPI's)."""
 
 
 def find_mpiexec() -> str | None:
@@ -61,6 +61,17 @@ def find_mpiexec() -> str | None:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
     return shutil.which("mpiexec")
+
+
+def not_hydra(mpiexec: str) -> str | None:
+    """None where ``mpiexec`` is MPICH's (hydra, whose options ``mpiexec_command`` passes),
+    else what it says it is: the first line of its ``--version`` (Open MPI's, say)."""
+    try:
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"its --version failed: {err}"
+    said = done.stdout + done.stderr
+    return None if "HYDRA" in said else (said.strip().splitlines() or ["nothing"])[0]
 
 
 def mpiexec_command(
@@ -132,6 +143,12 @@ def launch(
     if mpiexec is None:
         raise MpiexecNotFound(
             "no mpiexec beside this Python or on PATH; install MPICH's with: pip install mpi4py mpich"
+        )
+    other = not_hydra(mpiexec)
+    if other is not None:
+        raise MpiexecNotFound(
+            f"{mpiexec} is not MPICH's mpiexec ({other}); actorflow launch starts ranks with MPICH's "
+            "hydra: pip install mpi4py mpich"
         )
     argv, env = mpiexec_command(n, command, mpiexec=mpiexec, hostfile=hostfile, extra=extra)
     forward = _Forward()

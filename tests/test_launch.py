@@ -374,6 +374,22 @@ def test_no_mpiexec_is_a_one_line_error(capsys, monkeypatch):
 
 
 @pytest.mark.timeout(10)
+def test_another_mpis_mpiexec_is_a_one_line_error(capsys, monkeypatch, tmp_path):
+    openmpi = tmp_path / "mpiexec"
+    openmpi.write_text(
+        "#!/bin/sh\necho 'mpiexec (Open MPI) 5.0.3'\necho\necho 'Report bugs to https://www.open-mpi.org/'\n"
+    )
+    openmpi.chmod(0o755)
+    monkeypatch.setattr(launch_module, "find_mpiexec", lambda: str(openmpi))
+    code, out, err = run_cli(capsys, "launch", "-n", "2", "--", "true")
+    assert code == 2
+    assert out == ""
+    assert err.startswith("actorflow launch: error: ") and err.count("\n") == 1
+    assert f"{openmpi} is not MPICH's mpiexec (mpiexec (Open MPI) 5.0.3)" in err
+    assert "pip install mpi4py mpich" in err
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "argv", [["-n", "0", "true"], ["-n", "two", "true"], ["true"], ["-n", "2"], ["-n", "2", "--"]]
 )
