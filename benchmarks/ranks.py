@@ -497,6 +497,15 @@ def report(args, results: dict, local_pipeline: dict | None) -> None:
         print("\n".join(table_d(results["d"], local_pipeline)))
 
 
+def mpi_library() -> str:
+    """The MPI the ranks load, without starting it here: the mpich wheel's version, else
+    the library MPI4PY_LIBMPI names (an MPICH installed some other way)."""
+    try:
+        return f"mpich {importlib.metadata.version('mpich')}"
+    except importlib.metadata.PackageNotFoundError:
+        return f"MPI {os.environ.get('MPI4PY_LIBMPI', 'the one mpi4py was built for')}"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS))
@@ -559,7 +568,7 @@ def main() -> int:
     started = time.perf_counter()
     print(
         f"actorflow ranks benchmark: python {platform.python_version()}, numpy {np.__version__}, "
-        f"mpi4py {importlib.metadata.version('mpi4py')}, mpich {importlib.metadata.version('mpich')}, "
+        f"mpi4py {importlib.metadata.version('mpi4py')}, {mpi_library()}, "
         f"{os.cpu_count()} cores; 2 ranks on loopback (actorflow launch -n 2); medians of {args.repeats} repeats"
     )
     results, seconds = {}, {}
