@@ -51,7 +51,7 @@ _FORWARDING = re.compile(rb"\[mpiexec@[^\]]*\] (Sending Ctrl-C to processes|Pres
 
 
 class MpiexecNotFound(RuntimeError):
-    """No MPICH ``mpiexec`` beside this Python or on PATH (none, or another MPI's)."""
+    """No MPICH ``mpiexec`` beside this Python or on PATH (none, or Open MPI's)."""
 
 
 def find_mpiexec() -> str | None:
@@ -63,15 +63,16 @@ def find_mpiexec() -> str | None:
     return shutil.which("mpiexec")
 
 
-def not_hydra(mpiexec: str) -> str | None:
-    """None where ``mpiexec`` is MPICH's (hydra, whose options ``mpiexec_command`` passes),
-    else what it says it is: the first line of its ``--version`` (Open MPI's, say)."""
+def open_mpi(mpiexec: str) -> str | None:
+    """What ``mpiexec`` says it is where that is Open MPI's (the first line of its
+    ``--version``), whose mpiexec refuses the hydra options ``mpiexec_command`` passes;
+    None for MPICH's hydra, or where it can't tell (mpiexec then says what is wrong)."""
     try:
-        done = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return f"its --version failed: {err}"
-    said = done.stdout + done.stderr
-    return None if "HYDRA" in said else (said.strip().splitlines() or ["nothing"])[0]
+        done = subprocess.run([mpiexec, "--version"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    said = (done.stdout + done.stderr).decode(errors="replace")
+    return said.strip().splitlines()[0] if re.search(r"Open ?MPI|OpenRTE|PRRTE", said) else None
 
 
 def mpiexec_command(
@@ -144,10 +145,10 @@ def launch(
         raise MpiexecNotFound(
             "no mpiexec beside this Python or on PATH; install MPICH's with: pip install mpi4py mpich"
         )
-    other = not_hydra(mpiexec)
+    other = open_mpi(mpiexec)
     if other is not None:
         raise MpiexecNotFound(
-            f"{mpiexec} is not MPICH's mpiexec ({other}); actorflow launch starts ranks with MPICH's "
+            f"{mpiexec} is Open MPI's mpiexec ({other}); actorflow launch starts ranks with MPICH's "
             "hydra: pip install mpi4py mpich"
         )
     argv, env = mpiexec_command(n, command, mpiexec=mpiexec, hostfile=hostfile, extra=extra)

@@ -385,7 +385,7 @@ def test_another_mpis_mpiexec_is_a_one_line_error(capsys, monkeypatch, tmp_path)
     assert code == 2
     assert out == ""
     assert err.startswith("actorflow launch: error: ") and err.count("\n") == 1
-    assert f"{openmpi} is not MPICH's mpiexec (mpiexec (Open MPI) 5.0.3)" in err
+    assert f"{openmpi} is Open MPI's mpiexec (mpiexec (Open MPI) 5.0.3)" in err
     assert "pip install mpi4py mpich" in err
 
 

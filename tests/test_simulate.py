@@ -5,6 +5,7 @@ input is one line and exit 2."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 from collections import defaultdict
@@ -259,6 +260,26 @@ def test_fitting_crowding_on_a_run_of_four_devices_gives_it_back():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("launch", math.nan),
+        ("hop", math.inf),
+        ("between", -1.0),
+        ("contention", math.inf),
+        ("node", math.nan),
+    ],
+)
+def test_a_calibration_of_a_time_not_finite_is_refused(field, value):
+    data = json.loads(shipped("mlp").to_json())
+    if field == "node":
+        data["node"]["alpha"] = value
+    else:
+        data[field] = value
+    with pytest.raises(CalibrationError, match="^c.json: not a calibration file .*not finite"):
+        CostModel.from_json(json.dumps(data), "c.json")
+
+
 def test_crowding_from_the_command_line_is_fitted_saved_and_checked(capsys, tmp_path, calibration):
     def trace(name: str) -> str:
         config = load_config(f"configs/{name}.yaml", ["train.steps=2"])
@@ -625,7 +646,7 @@ def test_without_calibrate_the_calibration_shipped_for_the_model_is_used(capsys,
         (["--layout", "1,1,9"], "parallel.stages"),
         (["--layouts", "7"], "--layouts: no layout of 7 devices"),
         (["--calibrate-corrupt"], "not a calibration file"),
-        (["--calibrate-negative"], "a contention, crowding or hand-over that is negative"),
+        (["--calibrate-negative"], "a time, contention or crowding that is negative"),
         (["--calibrate-unreadable"], "cannot read a calibration"),
         (["--other-model"], "fitted on a transformer model"),
     ],

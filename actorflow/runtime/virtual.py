@@ -435,7 +435,7 @@ class _Cpus:
             end = now + (work if work > 0.0 else 0.0) / rate
             if work > slot[4]:
                 slot[0].start = now + (work - slot[4]) / rate
-            if end < first or (end == first and k < first_k):
+            if first_k < 0 or end < first or (end == first and k < first_k):
                 first, first_k = end, k
         self.next_end[machine] = self.version
         return first, (first_k, self.version)

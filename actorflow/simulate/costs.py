@@ -149,14 +149,12 @@ class CostModel:
             for level in ("node", "network", "transport"):
                 data[level] = Link(**data[level])
             model = cls(**data)
-            if (
-                model.node_size < 1
-                or model.cores < 1
-                or min(model.node.bandwidth, model.network.bandwidth, model.transport.bandwidth) <= 0
-            ):
-                raise ValueError("a node of no devices, or a link of no bandwidth")
-            if not all(0 <= x < math.inf for x in (model.contention, model.crowding, model.handover)):
-                raise ValueError("a contention, crowding or hand-over that is negative or not finite")
+            links = (model.node, model.network, model.transport)
+            if model.node_size < 1 or model.cores < 1 or not all(0 < k.bandwidth < math.inf for k in links):
+                raise ValueError("a node of no devices, or a link of no bandwidth or of one not finite")
+            times = (model.launch, model.hop, model.between, model.handover, *(k.alpha for k in links))
+            if not all(0 <= x < math.inf for x in (*times, model.contention, model.crowding)):
+                raise ValueError("a time, contention or crowding that is negative or not finite")
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise CalibrationError(f"{where}: not a calibration file ({type(e).__name__}: {e})") from None
         return model
