@@ -581,18 +581,23 @@ def _node_link(plan: Plan, wiring: Wiring, measured: dict[int, float]) -> Link |
 def _overheads(config: Config, plan: Plan, model: CostModel, makespan: float, together: bool) -> CostModel:
     """The measured config's simulated step made to last as long as it measured
     (``makespan``), by bisection: where its kernels ran beside each other (``together``), of
-    ``contention`` (from 0 to ``MAX_CONTENTION``, with no ``handover``): the kernels'
-    slowing down beside each other that their spans show (``Beside``) leaves out the
-    other threads' host work between kernels (launches, the protocol), which holds the
-    GIL too; else of ``handover`` (up to CPython's switch interval). The measured time
-    between runs (``model.between``) includes the next run's first launch."""
+    ``launch``, an act's host time, from 0 to the step (with the contention their spans
+    show and no ``handover``): the gaps the trace shows between a thread's kernels leave
+    out the host work that other threads' acts put in their way (their protocol, the
+    GIL); else of ``handover`` (up to CPython's switch interval). The measured time
+    between runs (``model.between``) includes the next run's first launch.
+
+    A fixed host time per act, not a larger contention, because it keeps its share of a
+    step as the acts grow more and smaller: fitted on the MLP under GPipe at 2
+    micro-batches, the contention (1.65) predicted 8 micro-batches 29% slow, this 7%
+    (2026-11-28, benchmarks/README)."""
 
     def trial(value: float, between: float) -> CostModel:
         if together:
-            return attrs.evolve(model, contention=value, handover=0.0, between=between)
+            return attrs.evolve(model, launch=value, handover=0.0, between=between)
         return attrs.evolve(model, handover=value, between=between)
 
-    top = MAX_CONTENTION if together else sys.getswitchinterval()
+    top = makespan if together else sys.getswitchinterval()
     value = _bisected(config, plan, lambda v: trial(v, 0.0), top, makespan)
     return trial(value, max(0.0, model.between - model.launch))
 
