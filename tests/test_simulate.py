@@ -197,9 +197,8 @@ def test_a_run_of_several_steps_overlaps_them_and_pays_the_host_time_between_run
 def test_calibrating_on_a_trace_with_known_costs_gives_them_back():
     config = load_config("configs/default.yaml", ["train.steps=4", "train.steps_per_run=2"])  # two runs
     plan = compile_config(config, 1)
-    known = attrs.evolve(
-        KNOWN, handover=0.0
-    )  # its kernels run together: a hand-over is fitted as launch time
+    # its kernels run together, so a hand-over in the trace is fitted as launch time (below)
+    known = attrs.evolve(KNOWN, handover=0.0)
     made = predict(config, known, plan)
     product = {"matmul": (1, 2.0 * 1024**3, 3 * 1024**2 * 4.0)}
     machine = {"matmul": [[1024, 1024, 1024, known.seconds(product)]]}  # as a run of this machine timed it
