@@ -429,7 +429,7 @@ class _Cpus:
             x = beside.get(p)
             if x is None:
                 others = together[p] - 1 + (p in polled)
-                x = beside[p] = (others**crowding if crowding else 1.0) if others else 0.0
+                x = beside[p] = others**crowding if others else 0.0
             rate = slot[3] = share / (1 + slot[2] * x) if x else share
             work = slot[1]
             end = now + (work if work > 0.0 else 0.0) / rate

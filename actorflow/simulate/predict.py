@@ -292,7 +292,7 @@ def spans(plan: Plan, entries: Sequence[Entry]) -> list[Span]:
     maker = SpanMaker(plan, 0)
     for e in entries:
         maker.record(recorder, e.unit, e.acts[0].number, e.start, e.end, e.acts)
-    return recorder.spans + recorder.steps()
+    return recorder.with_steps()
 
 
 def cost_model(path: str | None, kind: str, crowding: str | None = None) -> CostModel:

@@ -225,10 +225,14 @@ class Recorder:
             previous_end = max(previous_end, end)
         return spans
 
+    def with_steps(self) -> list[Span]:
+        """The spans held and their steps' (``steps``): what a trace of them shows."""
+        return self.spans + self.steps()
+
     def to_chrome(self) -> dict[str, Any]:
         """``chrome_trace`` of the spans and steps; a rank's trace adds its rank and origin
         and keeps inputs; a trace that dropped iterations says from which one it is whole."""
-        spans = self.spans + self.steps()
+        spans = self.with_steps()
         trace = chrome_trace(spans, keep_inputs=self.rank is not None)
         other: dict[str, Any] = {}
         if self.rank is not None:

@@ -106,8 +106,8 @@ MUTANTS = [
         "simulated-crowding-ignored",
         "on the virtual clock, an act slows down beside three others as much as beside one",
         "actorflow/runtime/virtual.py",
-        "(others**crowding if crowding else 1.0)",
-        "1.0",
+        "others**crowding if others else 0.0",
+        "1.0 if others else 0.0",
         ("tests/test_simulate.py",),
     ),
     Mutant(
