@@ -1,7 +1,7 @@
 """Keeping Python's cyclic garbage collector out of the way: ``cyclic_gc_paused()`` holds
 it off while code builds a large structure of objects that reference counting frees on
-its own; ``heap_frozen()`` keeps it from scanning the heap that existed when a runtime
-opened, while the runtime runs.
+its own; ``full_collections_paused()`` keeps it from scanning the whole heap while a
+runtime runs.
 
 CPython runs the collector after every 700 net allocations of container objects, and
 every so often over the whole heap. Building something as large as a 100k-actor plan
@@ -24,7 +24,10 @@ import threading
 from collections.abc import Iterator
 
 _lock = threading.Lock()
-_runtimes = 0  # open runtimes inside heap_frozen
+_runtimes = 0  # open runtimes inside full_collections_paused
+_thresholds = gc.get_threshold()  # the collector's, before the first of them entered
+_NEVER = 2**31 - 1
+"""A threshold no count of collections reaches."""
 
 
 @contextlib.contextmanager
@@ -42,27 +45,37 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def heap_frozen() -> Iterator[None]:
-    """While any runtime is inside, every object alive when one entered is frozen out of
-    the cyclic collector (``gc.freeze``); when the last leaves, every frozen object is
-    collectable again (``gc.unfreeze``), the program's own frozen objects too: the
-    collector can't tell whose they were (Python 3.12 freezes a few hundred at start-up).
+def full_collections_paused() -> Iterator[None]:
+    """While any runtime is inside, the cyclic collector makes no collection over the
+    whole heap (its oldest generation's threshold is set out of reach); its collections
+    of young objects go on. When the last runtime leaves, the thresholds are what they
+    were when the first entered.
 
     Why: every so often CPython collects over the whole heap, holding the GIL. With
     PyTorch, CuPy and a compiled plan in the process that took 170-330 ms on an H200
     machine's host, in which no stream's host thread launched anything and the GPU went
     idle. The objects a run makes are few and short-lived, so its collections over them
-    alone cost little. Garbage cycles among the frozen objects wait until the last
-    runtime leaves.
+    alone cost little.
+
+    Until 2026-11-28 a runtime froze the heap instead (``gc.freeze``, and ``gc.unfreeze``
+    when the last left). Each opening froze the garbage of the runs before it, and its
+    thaw put it in the oldest generation uncounted: CPython collects that generation
+    when enough objects came into it from the younger ones since the last time, and
+    thawed ones don't count. ``af.run`` of one 399-actor plan, 60 times in a row, left
+    3.4M objects of garbage (605 MB) for a final collection of 4.5 s; each worker of the
+    test suite ended with 3-5 s of it. (Python 3.14's incremental collector takes the
+    whole heap in small parts instead, and ignores that threshold.)
     """
-    global _runtimes
+    global _runtimes, _thresholds
     with _lock:
+        if _runtimes == 0:
+            _thresholds = gc.get_threshold()
+            gc.set_threshold(_thresholds[0], _thresholds[1], _NEVER)
         _runtimes += 1
-        gc.freeze()
     try:
         yield
     finally:
         with _lock:
             _runtimes -= 1
             if _runtimes == 0:
-                gc.unfreeze()
+                gc.set_threshold(*_thresholds)

@@ -7,8 +7,8 @@ share the rest, instead of running them alone at the end; then the tests marked
 ``long`` (ten seconds or more), so that none of them starts last and runs alone. And ``-n auto`` starts one
 worker more than there are cores: the "mpi" worker mostly waits on its ranks (and on
 the failure tests' deadlines), so the cores are shared by the ranks and two workers.
-(The test session's objects are not frozen out of the cyclic collector here: every
-runtime freezes the heap while it is open and thaws it after, ``collector.heap_frozen``.)
+(Nothing here holds the cyclic collector off: every runtime pauses its collections over
+the whole heap while it is open, ``collector.full_collections_paused``.)
 
 The setting: bytecode is cached even where ``PYTHONDONTWRITEBYTECODE`` says not to (as
 on the machines this project is built on), for this process and the ones it starts.

@@ -34,7 +34,7 @@ import numpy as np
 import trio
 
 from ..arrays import copy_into, to_host
-from ..collector import heap_frozen
+from ..collector import full_collections_paused
 from ..debug_flags import debug_flags
 from ..errors import KernelError, RankError, RankLost
 from ..plan import Plan
@@ -141,7 +141,7 @@ class Runtime:
             if self._transport is not None:
                 await self._transport.connect(_groups(self.plan), _digest(self.plan))
             watchdog = self._open()
-            self._stack.enter_context(heap_frozen())
+            self._stack.enter_context(full_collections_paused())
             self._stack.callback(self._stop_threads)
             if self._transport is not None:
                 self._transport.on_failure = functools.partial(self._soon, self.fail)

@@ -251,10 +251,10 @@ MUTANTS = [
         SURVIVAL,
     ),
     Mutant(
-        "runtime-leaves-the-heap-unfrozen",
-        "a runtime opens without freezing the heap it found out of the cyclic collector",
+        "runtime-lets-full-collections-run",
+        "a runtime opens without pausing the cyclic collector's collections over the whole heap",
         "actorflow/runtime/runtime.py",
-        "            self._stack.enter_context(heap_frozen())\n",
+        "            self._stack.enter_context(full_collections_paused())\n",
         "",
         ("tests/test_collector.py",),
     ),
