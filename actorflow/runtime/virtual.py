@@ -50,7 +50,7 @@ from ..collector import cyclic_gc_paused
 from ..plan import Plan
 from .launching import LaunchQueue
 from .protocol import Act
-from .wiring import Unit, Wiring, acts_in
+from .wiring import Member, Unit, Wiring, acts_in
 
 
 @attrs.frozen
@@ -150,6 +150,7 @@ def simulate(
     cpus = _Cpus(host, len(queues)) if host is not None else None
     per_step = {u.id: acts_in(u.actor, micro_batches) for u in wiring.units}
     home = {u.id: index[u.stream] for u in wiring.units}  # each unit's stream
+    links = {m: _links(m, home) for m in wiring.members.values()}
     ready_from: dict[tuple[int, int, int], Entry] = {}
     freed_by: dict[tuple[int, int, int], list[Entry]] = defaultdict(list)
     ran: list[list[Entry]] = [[] for _ in queues]
@@ -223,16 +224,17 @@ def simulate(
         heapq.heappush(events, (when, kind, sequence, what))
         sequence += 1
 
-    def tell(now: float, k: int, news: tuple) -> None:
-        """Deliver ``news`` (member, output, buffer, input slot or -1 for a free, and the
-        member's stream) to its stream: at once on stream k, a hop later elsewhere."""
-        if news[4] == k or not hop:
-            hear(news)
+    def tell(now: float, k: int, member: Member, out: int, buffer: int, slot: int, there: int) -> None:
+        """From stream k, news for ``member`` (see ``hear``) on stream ``there``: at once
+        on k itself, a ``hop`` later (a thread's wake-up) elsewhere."""
+        if there == k or not hop:
+            hear(member, out, buffer, slot, there)
         else:
-            push(now + hop, 1, news)
+            push(now + hop, 1, (member, out, buffer, slot, there))
 
-    def hear(news: tuple) -> None:
-        member, out, buffer, slot, k = news
+    def hear(member: Member, out: int, buffer: int, slot: int, k: int) -> None:
+        """News for ``member``, on stream k: buffer ``buffer`` of its output ``out`` is
+        free again (``slot`` -1), or ready for its input ``slot``."""
         touched.add(k)
         if slot < 0:
             if member.state.on_free(out, buffer):
@@ -246,21 +248,20 @@ def simulate(
         ended = now
         k = entry.stream
         for member, act in zip(entry.unit.members, entry.acts):
+            producers, consumers = links[member]
             for slot in act.releases:
-                spec = member.fed[slot]
-                producer = spec.producer
-                assert producer is not None, "a fed input has a producer"
+                producer, out, there, actor = producers[slot]
                 buffer = act.inputs[slot]
                 assert buffer is not None, "an act releases what it read"
                 if deps:
-                    freed_by[(producer.actor.id, spec.out, buffer)].append(entry)
-                tell(now, k, (producer, spec.out, buffer, -1, home[producer.unit.id]))
+                    freed_by[(actor, out, buffer)].append(entry)
+                tell(now, k, producer, out, buffer, -1, there)
             for out in act.publishes:
                 buffer = act.outputs[out]
-                for consumer, slot in member.outputs[out].by_call[act.call]:
+                for consumer, slot, there, actor in consumers[out][act.call]:
                     if deps:
-                        ready_from[(consumer.actor.id, slot, buffer)] = entry
-                    tell(now, k, (consumer, out, buffer, slot, home[consumer.unit.id]))
+                        ready_from[(actor, slot, buffer)] = entry
+                    tell(now, k, consumer, out, buffer, slot, there)
             member.state.complete()
         busy[k] = False
         touched.add(k)
@@ -286,7 +287,7 @@ def simulate(
                         push_end(done[1])
                         end(done[0], now)
                 elif kind == 1:
-                    hear(what)  # type: ignore[arg-type]
+                    hear(*what)  # type: ignore[misc]
                 elif cpus is not None and (woken := cpus.switched(*what)) is not None:  # type: ignore[misc]
                     start(woken, cpus.admit(woken), now)
             for k in sorted(touched):
@@ -298,6 +299,21 @@ def simulate(
         if any(m.state.acts_left for m in wiring.members.values()):
             return None  # it stalls: the drivers will say where, when it does
     return ran
+
+
+def _links(member: Member, home: Mapping[int, int]) -> tuple[list[tuple], list[list[list[tuple]]]]:
+    """What ``member``'s acts tell whom: per fed input, (its producer, the output, the
+    producer's stream, its actor id); per output, per call, each consumer as (member,
+    input slot, its stream, its actor id)."""
+    producers = []
+    for spec in member.fed:
+        assert spec.producer is not None, "a fed input has a producer"
+        producers.append((spec.producer, spec.out, home[spec.producer.unit.id], spec.producer.actor.id))
+    consumers = [
+        [[(c, slot, home[c.unit.id], c.actor.id) for c, slot in call] for call in spec.by_call]
+        for spec in member.outputs
+    ]
+    return producers, consumers
 
 
 def meets(plan: Plan, wiring: Wiring) -> dict[int, tuple[int, int, int]]:
