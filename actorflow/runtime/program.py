@@ -121,6 +121,10 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     found = _programs(plan, None if whole else rank, period)
     if isinstance(found, str):
         return found
+    for program in found:  # each act's deps led back through the whole simulation, kept alive with it
+        for block in program.blocks:
+            for entry in block:
+                entry.deps = []
     return found[0 if rank is None or plan.world == 1 else 1 + rank]
 
 
