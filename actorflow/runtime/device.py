@@ -80,6 +80,9 @@ class Programs(Protocol):
     def close(self) -> None:
         """Stop every stream after the kernel in progress; none waits on for good."""
 
+    def release(self) -> None:
+        """Let go of whatever names the buffers, once every stream's thread ended."""
+
     @property
     def progress(self) -> int:
         """Instructions finished so far, over every stream (the stall watchdog's)."""

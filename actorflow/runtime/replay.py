@@ -297,6 +297,12 @@ class Replay:
         if self.rider >= 0:
             self.poke()
 
+    def release(self) -> None:
+        """Let go of the instructions, and the buffers they name (``Wiring.release``),
+        once every stream's thread ended."""
+        for stream in self.streams:
+            stream.instructions.clear()
+
     @property
     def progress(self) -> int:
         return sum(self.counts)

@@ -346,7 +346,8 @@ class Runtime:
         assert self._watchdog is not None, "an open Runtime has its watchdog"
         self._watchdog.running = False
         self.raise_if_failed()
-        results = [assemble(self.plan.logical, "output", r) for r in self._results]
+        ended, self._results = self._results, []  # the caller's alone
+        results = [assemble(self.plan.logical, "output", r) for r in ended]
         return results[0] if single else results
 
     # -- what the drivers tell (driver.Host) --------------------------------------------
@@ -477,6 +478,11 @@ class Runtime:
                 RuntimeWarning,
                 stacklevel=2,
             )
+            return
+        if self._replay is not None:
+            self._replay.release()
+        if self._wiring is not None:  # parameters and optimizer state stay readable (values())
+            self._wiring.release({p.register for p in self.plan.parameters_of(self.rank)})
 
     # -- inspection ----------------------------------------------------------------
 

@@ -45,14 +45,16 @@ def run(
     )
     checked = rt.check(feeds)
 
-    async def main() -> Any:
+    ran: list[Any] = []  # not main's result: trio's loop, garbage with cycles, would keep it alive
+
+    async def main() -> None:
         async with rt:
-            outputs = await rt.run(checked)
+            ran.append(await rt.run(checked))
         if trace is not None:
             rt.recorder.write(trace)
-        return outputs, rt.recorder.note()
 
-    outputs, dropped = trio.run(main)
+    trio.run(main)
+    outputs, dropped = ran.pop(), rt.recorder.note()
     if dropped and trace is not None:
         warnings.warn(f"trace {os.fspath(trace)!r}: {dropped}", RuntimeWarning, stacklevel=2)
     return outputs

@@ -259,6 +259,14 @@ MUTANTS = [
         ("tests/test_collector.py",),
     ),
     Mutant(
+        "runtime-keeps-its-buffers",
+        "a closed runtime keeps its buffers, for a collection over the whole heap to free",
+        "actorflow/runtime/runtime.py",
+        "            self._wiring.release({p.register for p in self.plan.parameters_of(self.rank)})\n",
+        "            pass\n",
+        ("tests/test_collector.py",),
+    ),
+    Mutant(
         "train-ignores-steps-per-run",
         "train gives the runtime one step a run whatever train.steps_per_run says",
         "actorflow/training/parameter_server.py",
