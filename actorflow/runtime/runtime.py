@@ -77,7 +77,9 @@ class Runtime:
     order: "replay" (the default) runs each stream in the order a simulated run decided
     once (``replay``), where the plan allows it; "dynamic" decides every act as the run
     goes (``driver``), which adapts to kernels whose times vary, at a higher host cost.
-    The ``ACTORFLOW_DEBUG`` environment variable is read here (see ``debug``).
+    The ``ACTORFLOW_DEBUG`` environment variable is read here (see ``debug``). Once
+    closed, it holds no buffer but its parameters' and their optimizer state's
+    (``values()`` still reads them), and no output it handed back.
     """
 
     def __init__(
