@@ -55,7 +55,9 @@ def full_collections_paused() -> Iterator[None]:
     PyTorch, CuPy and a compiled plan in the process that took 170-330 ms on an H200
     machine's host, in which no stream's host thread launched anything and the GPU went
     idle. The objects a run makes are few and short-lived, so its collections over them
-    alone cost little.
+    alone cost little. A program that keeps a runtime open for long (a ``Session``) and
+    makes cyclic garbage of its own that outlives its young collections can call
+    ``gc.collect()`` where a pause does no harm: nothing else collects it meanwhile.
 
     Until 2026-11-28 a runtime froze the heap instead (``gc.freeze``, and ``gc.unfreeze``
     when the last left). Each opening froze the garbage of the runs before it, and its
