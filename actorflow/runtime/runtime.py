@@ -481,6 +481,8 @@ class Runtime:
                 stacklevel=2,
             )
             return
+        if self._gpus is not None:  # no kernel queued on a GPU may still use a buffer let go
+            self._gpus.synchronize()
         if self._replay is not None:
             self._replay.release()
         if self._wiring is not None:  # parameters and optimizer state stay readable (values())
