@@ -457,6 +457,8 @@ class Runtime:
             raise self._error
 
     def _stop_threads(self, grace: float = 10.0) -> None:
+        """Stop the streams' threads and the transport's, waiting up to ``grace`` seconds
+        for them to end; once all have, let go of the buffers (``Wiring.release``)."""
         for driver in self._drivers.values():
             driver.close()
         if self._replay is not None:
