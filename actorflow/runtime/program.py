@@ -86,6 +86,15 @@ class Program:
     def _edges(self) -> list[tuple[int, int] | None]:
         return [(min(e.step for e in b), max(e.step for e in b)) if b else None for b in self.blocks]
 
+    def forget_deps(self) -> None:
+        """Empty the acts' ``deps``, which the waits were worked out from: they lead back
+        through the whole simulation, which would live as long as the program (a runtime
+        that replays it drops them; a 399-actor plan's run left 54.8k objects of cyclic
+        garbage with them, 35.6k without)."""
+        for block in self.blocks:
+            for entry in block:
+                entry.deps = []
+
     def span(self, k: int, steps: int) -> range:
         """The blocks of stream k a run of ``steps`` steps runs (some of their acts,
         at the edges, fall outside the run and are skipped)."""
@@ -121,10 +130,6 @@ def schedule(plan: Plan, rank: int | None) -> Program | str:
     found = _programs(plan, None if whole else rank, period)
     if isinstance(found, str):
         return found
-    for program in found:  # each act's deps led back through the whole simulation, kept alive with it
-        for block in program.blocks:
-            for entry in block:
-                entry.deps = []
     return found[0 if rank is None or plan.world == 1 else 1 + rank]
 
 

@@ -197,6 +197,7 @@ class Runtime:
             program = schedule(plan, self.rank)
         self.ordered_by = "replay" if isinstance(program, Program) else f"dynamic: {program}"
         if isinstance(program, Program):
+            program.forget_deps()
             replay = self._replay = Replay(
                 plan, wiring, program, self, self.recorder.enabled, gpus, transport, self.recorder.iterations
             )
